@@ -1,0 +1,100 @@
+"""Model identity: what an artifact was built for, and how to tell two models apart."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from artifacts.format import FingerprintKey, ModelKey
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Provenance and fingerprint of the model an artifact belongs to."""
+
+    name: str
+    source: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    lm_head_sha256: str
+    vocab_sha256: str
+
+    @property
+    def fingerprint_prefix(self) -> str:
+        """Return a short, human-readable form of the fingerprint for messages."""
+        return f"{self.lm_head_sha256[:12]}/{self.vocab_sha256[:12]}"
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the manifest's `model` object."""
+        return {
+            ModelKey.NAME: self.name,
+            ModelKey.SOURCE: self.source,
+            ModelKey.ARCHITECTURE: self.architecture,
+            ModelKey.VOCAB_SIZE: self.vocab_size,
+            ModelKey.HIDDEN_SIZE: self.hidden_size,
+            ModelKey.FINGERPRINT: {
+                FingerprintKey.LM_HEAD_SHA256: self.lm_head_sha256,
+                FingerprintKey.VOCAB_SHA256: self.vocab_sha256,
+            },
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ModelInfo:
+        """Parse a manifest's `model` object; ValueError says which field is wrong."""
+        fingerprint = _field(d, ModelKey.FINGERPRINT, dict)
+        return cls(
+            name=_field(d, ModelKey.NAME, str),
+            source=_field(d, ModelKey.SOURCE, str),
+            architecture=_field(d, ModelKey.ARCHITECTURE, str),
+            vocab_size=_field(d, ModelKey.VOCAB_SIZE, int),
+            hidden_size=_field(d, ModelKey.HIDDEN_SIZE, int),
+            lm_head_sha256=_field(fingerprint, FingerprintKey.LM_HEAD_SHA256, str),
+            vocab_sha256=_field(fingerprint, FingerprintKey.VOCAB_SHA256, str),
+        )
+
+
+def _field(d: Any, key: str, kind: type) -> Any:
+    """Return d[key] if it exists and has type `kind`, else raise ValueError."""
+    if not isinstance(d, dict) or key not in d:
+        raise ValueError(f"missing field {key!r}")
+    value = d[key]
+    # bool is an int subclass, but `true` is never a valid size.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"field {key!r} should be {kind.__name__}, got {value!r}")
+    return value
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """Return the sha256 of a tensor's dtype, shape and raw bytes (contiguous, on CPU).
+
+    The same weights in another dtype hash differently, so hash the LM head in
+    the dtype both prep and runtime load it in.
+    """
+    t = t.detach().to("cpu").contiguous()
+    h = hashlib.sha256()
+    h.update(json.dumps({"dtype": str(t.dtype), "shape": list(t.shape)}).encode())
+    # Viewing as bytes works for every dtype, including bfloat16 that numpy lacks.
+    h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def vocab_sha256(vocab: dict[str, int]) -> str:
+    """Return the sha256 of the JSON of the vocabulary's sorted (token, id) pairs."""
+    pairs = sorted(vocab.items())
+    # ensure_ascii keeps the bytes well defined even for lone surrogates in tokens.
+    return hashlib.sha256(json.dumps(pairs, ensure_ascii=True).encode("ascii")).hexdigest()
+
+
+def same_model(a: ModelInfo, b: ModelInfo) -> bool:
+    """Return whether two models share weights and tokenizer (names may differ)."""
+    return (
+        a.lm_head_sha256 == b.lm_head_sha256
+        and a.vocab_sha256 == b.vocab_sha256
+        and a.vocab_size == b.vocab_size
+        and a.hidden_size == b.hidden_size
+    )

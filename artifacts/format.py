@@ -1,0 +1,69 @@
+"""Constants of the on-disk artifact format (v1), declared once for prep and runtime.
+
+An artifact is a directory holding `manifest.json` plus one `<stage>.safetensors`
+file per stage and, for some stages, extra files such as `router.onnx`.
+"""
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+TENSOR_SUFFIX = ".safetensors"
+# Temporary files and directories inside an artifact start with this prefix, so
+# a leftover from an interrupted write is recognisable and never a stage file.
+TMP_PREFIX = ".tmp-"
+
+
+class ManifestKey:
+    """Top-level keys of manifest.json."""
+
+    FORMAT_VERSION = "format_version"
+    CREATED_BY = "created_by"
+    MODEL = "model"
+    STAGES = "stages"
+
+
+class ModelKey:
+    """Keys of the manifest's `model` object."""
+
+    NAME = "name"
+    SOURCE = "source"
+    ARCHITECTURE = "architecture"
+    VOCAB_SIZE = "vocab_size"
+    HIDDEN_SIZE = "hidden_size"
+    FINGERPRINT = "fingerprint"
+
+
+class FingerprintKey:
+    """Keys of the model's `fingerprint` object."""
+
+    LM_HEAD_SHA256 = "lm_head_sha256"
+    VOCAB_SHA256 = "vocab_sha256"
+
+
+class StageKey:
+    """Keys of one entry of the manifest's `stages` object."""
+
+    PARAMS = "params"
+    CREATED_AT = "created_at"
+    FILES = "files"
+
+
+class FileKey:
+    """Keys of one entry of a stage's `files` object."""
+
+    SHA256 = "sha256"
+    SIZE = "size"
+
+
+class Stage:
+    """Names of the stages prep writes; each is stored as `<name>.safetensors`."""
+
+    CLUSTERS = "clusters"
+    SCREEN = "screen"
+    ROUTER = "router"
+    GP = "gp"
+    ONEDECODE = "onedecode"
+
+
+def tensor_filename(stage: str) -> str:
+    """Return the name of the safetensors file that holds a stage's tensors."""
+    return f"{stage}{TENSOR_SUFFIX}"

@@ -1,0 +1,71 @@
+"""Describe an artifact for humans: what it holds, and whether it is valid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from artifacts import Artifact, ArtifactError, ModelInfo, same_model
+
+_MIB = 1 << 20
+
+
+def describe_artifact(path: Path | str, model_info: ModelInfo | None = None) -> tuple[str, bool]:
+    """Return a multi-line report on the artifact at `path` and whether it is valid.
+
+    Valid means every stage file passes its checksum, no interrupted write left
+    temporary files behind and, when `model_info` is given, the artifact was
+    built for that model.
+    """
+    try:
+        artifact = Artifact.open(path)
+    except ArtifactError as e:
+        return f"artifact: {path}\nerror: {e}\nvalid: no", False
+    stage_lines, problems = _stage_report(artifact)
+    problems += artifact.leftover_problems()
+    if model_info is not None and not same_model(artifact.model, model_info):
+        problems.append(
+            f"built for {artifact.model.name} ({artifact.model.fingerprint_prefix}), "
+            f"not {model_info.name} ({model_info.fingerprint_prefix})"
+        )
+    valid = not problems
+    lines = [
+        f"artifact: {artifact.path}",
+        *_header_lines(artifact),
+        *stage_lines,
+        *(f"problem: {p}" for p in problems),
+        f"valid: {'yes' if valid else 'no'}",
+    ]
+    return "\n".join(lines), valid
+
+
+def _header_lines(artifact: Artifact) -> list[str]:
+    """Return the format, provenance and model lines of the report."""
+    manifest, model = artifact.manifest, artifact.model
+    return [
+        f"format_version: {manifest.format_version}",
+        f"created_by: {manifest.created_by}",
+        f"model: {model.name} ({model.architecture}, vocab {model.vocab_size}, hidden {model.hidden_size})",
+        f"  source: {model.source}",
+        f"  fingerprint: {model.fingerprint_prefix}",
+        f"stages: {', '.join(artifact.stages) or 'none'}",
+    ]
+
+
+def _stage_report(artifact: Artifact) -> tuple[list[str], list[str]]:
+    """Return per-stage lines (created_at, params, files with checksum status) and file problems."""
+    lines: list[str] = []
+    problems: list[str] = []
+    for name in artifact.stages:
+        record = artifact.manifest.stages[name]
+        lines += [
+            f"[{name}] created {record.created_at}",
+            f"  params: {json.dumps(record.params, sort_keys=True)}",
+        ]
+        for filename, file in record.files.items():
+            # Each file is hashed once; its status feeds both the line and validity.
+            problem = artifact.check_file(name, filename)
+            lines.append(f"  {filename}: {file.size / _MIB:.2f} MiB, {problem or 'checksum ok'}")
+            if problem:
+                problems.append(f"stage {name!r}: {problem}")
+    return lines, problems
