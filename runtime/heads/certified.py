@@ -1,0 +1,140 @@
+"""CertifiedHead (CSV-Decode): exact decisions from a few exact logits plus sound upper bounds.
+
+Modes, given a bound family (screen or cluster) that can open the tokens that might matter:
+- greedy: certify top-1 of the logits;
+- temperature T (no top-k / top-p): Gumbel-max, certify top-1 of l/T + g — an exact sample;
+- top-k: certify the top-k set, sample inside it (top-p inside it too, exactly);
+- top-p: certify the top-K set and bound the unopened mass; exact when the nucleus is decided;
+- epsilon: sample from the opened set once the unopened mass is certified <= epsilon (TV <= epsilon).
+When a bound cannot certify within its budget the head falls back to the full head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from runtime.heads.opened import Opened
+from runtime.heads.sampling import SamplingParams, gumbel_noise, nucleus_size, sample_full
+from runtime.stats import HeadStats
+
+# Sizes of the certified top-K set tried for top-p and epsilon modes before falling back.
+_TOP_SET_SIZES = (64, 1024, 16384)
+
+
+class CertifiedHead:
+    """LM head that computes exact logits only where a sound bound says they can matter."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bound) -> None:
+        self.weight = weight  # [V, d]
+        self.bias = bias  # [V] or None
+        self.bound = bound  # ScreenBound or ClusterBound
+        self.vocab_size = weight.shape[0]
+        self.stats = HeadStats(vocab_size=self.vocab_size)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full logits [B, V] (used by verifiers that need whole distributions)."""
+        return torch.nn.functional.linear(hidden, self.weight, self.bias)
+
+    def select(
+        self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Next token per row [B] for hidden states [B, d]; same tokens as FullHead for the same generator."""
+        if params.epsilon is not None and (params.top_k or params.top_p < 1):
+            raise ValueError("epsilon applies to plain temperature sampling; drop --top-k/--top-p or --epsilon")
+        state = self.bound.prepare(hidden)
+        noise = None if params.greedy else gumbel_noise(hidden.shape[0], self.vocab_size, generator)
+        tokens = []
+        for row in range(hidden.shape[0]):
+            row_noise = None if noise is None else noise[row]
+            token, opened = self._select_row(state, row, params, row_noise)
+            self.stats.rows += 1
+            self.stats.recomputed_tokens += opened
+            if token is None:
+                token = self._fallback(state, row, params, row_noise)
+            else:
+                self.stats.certified += 1
+            tokens.append(token)
+        return torch.tensor(tokens, dtype=torch.long)
+
+    def _select_row(self, state, row: int, params: SamplingParams, noise) -> tuple[int | None, int]:
+        """(token, tokens opened) for one row; token is None when certification failed."""
+        if params.greedy:
+            return self._argmax(self.bound.open_topk(state, row, 1, 0.0, None), 1.0, None)
+        if params.epsilon is not None:
+            return self._epsilon(state, row, params, noise)
+        if params.top_k:
+            return self._top_k(state, row, params, noise)
+        if params.top_p < 1.0:
+            return self._top_p(state, row, params, noise)
+        opened = self.bound.open_topk(state, row, 1, params.temperature, noise)
+        return self._argmax(opened, params.temperature, noise)
+
+    @staticmethod
+    def _argmax(opened: Opened | None, temperature: float, noise, keep: torch.Tensor | None = None):
+        """Gumbel-max (or plain argmax) over opened tokens, optionally restricted to positions `keep`."""
+        if opened is None:
+            return None, 0
+        ids, logits = opened.ids, opened.logits
+        if keep is not None:
+            ids, logits = ids[keep], logits[keep]
+        scores = logits / temperature if noise is not None else logits
+        if noise is not None:
+            scores = scores + noise[ids]
+        return int(ids[torch.argmax(scores)]), int(opened.ids.numel())
+
+    def _top_k(self, state, row: int, params: SamplingParams, noise):
+        opened = self.bound.open_topk(state, row, params.top_k, 0.0, None)
+        if opened is None:
+            return None, 0
+        positions = torch.topk(opened.logits, params.top_k).indices  # exact top-k, certified
+        if params.top_p < 1.0:
+            scaled = opened.logits[positions] / params.temperature  # already sorted descending
+            n = nucleus_size(scaled, params.top_p, float(torch.logsumexp(scaled.double(), 0)))
+            positions = positions[:n]
+        return self._argmax(opened, params.temperature, noise, keep=positions)
+
+    def _top_p(self, state, row: int, params: SamplingParams, noise):
+        opened_total = 0
+        for size in _TOP_SET_SIZES:
+            size = min(size, self.vocab_size)
+            opened = self.bound.open_topk(state, row, size, 0.0, None)
+            if opened is None:
+                return None, opened_total
+            opened_total = int(opened.ids.numel())
+            values, positions = torch.topk(opened.logits / params.temperature, size)
+            log_z_low = float(torch.logsumexp((opened.logits / params.temperature).double(), 0))
+            tail = self.bound.tail_logsumexp(state, row, opened.ids, params.temperature)
+            log_z_high = float(torch.logaddexp(torch.tensor(log_z_low), torch.tensor(tail)))
+            # A larger partition function only lowers probabilities, so it needs at least as many tokens.
+            n_low = nucleus_size(values, params.top_p, log_z_low)
+            n_high = nucleus_size(values, params.top_p, log_z_high)
+            reached = float(torch.exp(torch.logsumexp(values[:n_high].double(), 0) - log_z_high)) >= params.top_p
+            if n_low == n_high and reached:
+                return self._argmax(opened, params.temperature, noise, keep=positions[:n_low])
+        return None, opened_total
+
+    def _epsilon(self, state, row: int, params: SamplingParams, noise):
+        opened_total = 0
+        for size in _TOP_SET_SIZES:
+            opened = self.bound.open_topk(state, row, min(size, self.vocab_size), 0.0, None)
+            if opened is None:
+                return None, opened_total
+            opened_total = int(opened.ids.numel())
+            log_z_opened = float(torch.logsumexp((opened.logits / params.temperature).double(), 0))
+            tail = self.bound.tail_logsumexp(state, row, opened.ids, params.temperature)
+            # Restricting to the opened set moves tail / (Z_opened + tail) of mass: that is the TV distance.
+            if tail == float("-inf") or tail - float(torch.logaddexp(torch.tensor(log_z_opened), torch.tensor(tail))) <= math.log(params.epsilon):
+                return self._argmax(opened, params.temperature, noise)
+        return None, opened_total
+
+    def _fallback(self, state, row: int, params: SamplingParams, noise) -> int:
+        """Full head for one row; records what certification would have needed (cluster bound)."""
+        logits = self.logits(state.hidden[row : row + 1])[0]  # [V]
+        self.stats.fallbacks += 1
+        self.stats.recomputed_tokens += self.vocab_size
+        if hasattr(self.bound, "required_open"):
+            k = params.top_k or 1
+            self.stats.required_open_tokens += self.bound.required_open(state, row, logits, k)
+        return sample_full(logits, params, noise)

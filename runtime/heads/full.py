@@ -1,0 +1,33 @@
+"""The plain LM head: every logit, every step. The reference every fast head is checked against."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.heads.sampling import SamplingParams, gumbel_noise, sample_full
+from runtime.stats import HeadStats
+
+
+class FullHead:
+    """Full-vocabulary head: logits = h W^T + b."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight  # [V, d]
+        self.bias = bias  # [V] or None
+        self.vocab_size = weight.shape[0]
+        self.stats = HeadStats(vocab_size=self.vocab_size)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full logits [B, V] for hidden states [B, d]."""
+        return torch.nn.functional.linear(hidden, self.weight, self.bias)
+
+    def select(
+        self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Next token per row [B] for hidden states [B, d]."""
+        logits = self.logits(hidden)  # [B, V]
+        noise = None if params.greedy else gumbel_noise(hidden.shape[0], self.vocab_size, generator)
+        tokens = [sample_full(logits[b], params, None if noise is None else noise[b]) for b in range(len(logits))]
+        self.stats.rows += len(tokens)
+        self.stats.recomputed_tokens += len(tokens) * self.vocab_size
+        return torch.tensor(tokens, dtype=torch.long)

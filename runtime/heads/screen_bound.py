@@ -1,0 +1,109 @@
+"""Screening bound (ours): an int8 copy of the head gives approximate logits with a sound error radius.
+
+For row i with float32 weights W_i, int8 copy Q(W_i) and hidden state h:
+
+    |fl(<W_i, h>) - fl(<Q(W_i), h>)| <= (e_i + gamma * (|Q(W_i)| + |W_i|)) * |h| = c_i * |h|
+
+where e_i = |W_i - Q(W_i)| (computed in float64, rounded up at prep time) and
+gamma = n u / (1 - n u) is the standard bound on float32 dot-product rounding with
+n = d + 2 operations per term. The kernel keeps h in float32, so no activation term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.heads.opened import Opened, exact_logits
+from runtime.kernels import screen_gemv
+
+# Relative slack for the few float32 roundings after the dot products (radius scaling,
+# the +/- of center and radius, division by the temperature, adding noise).
+_SLACK = 2.0**-18
+
+
+def dot_rounding_gamma(d: int) -> float:
+    """Higham's gamma_n for a float32 dot product of length d (n = d + 2 covers the scale multiply)."""
+    nu = (d + 2) * 2.0**-24
+    return nu / (1 - nu)
+
+
+def round_up_to_float32(values: torch.Tensor) -> torch.Tensor:
+    """Float64 values [n] as the smallest float32 values that are >= them."""
+    rounded = values.float()
+    below = rounded.double() < values
+    return torch.where(below, torch.nextafter(rounded, torch.tensor(float("inf"))), rounded)
+
+
+def screen_coefficients(
+    error_norms: torch.Tensor, qrow_norms: torch.Tensor, row_norms: torch.Tensor, d: int
+) -> torch.Tensor:
+    """Per-row radius coefficient c_i [V] in float32, rounded up from float64."""
+    gamma = dot_rounding_gamma(d)
+    return round_up_to_float32(error_norms.double() + gamma * (qrow_norms.double() + row_norms.double()))
+
+
+@dataclass
+class ScreenState:
+    """Approximate logits and radii for one batch of hidden states."""
+
+    hidden: torch.Tensor  # [B, d]
+    center: torch.Tensor  # [B, V] screening logits (bias included)
+    radius: torch.Tensor  # [B, V] sound bound on |exact - center|
+
+
+class ScreenBound:
+    """Per-token intervals from the int8 screening head; candidates are recomputed exactly."""
+
+    name = "screen"
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        coefficients: torch.Tensor,
+    ) -> None:
+        self.weight = weight  # [V, d] float32, the exact head
+        self.bias = bias  # [V] or None
+        self.qweight = qweight.contiguous()  # [V, d] int8
+        self.scales = scales.float().contiguous()  # [V, G]
+        self.coefficients = coefficients.float()  # [V]
+
+    @classmethod
+    def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict) -> "ScreenBound":
+        """Build from the tensors of an artifact's `screen` stage."""
+        coef = screen_coefficients(tensors["error_norms"], tensors["qrow_norms"], tensors["row_norms"], weight.shape[1])
+        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef)
+
+    def prepare(self, hidden: torch.Tensor) -> ScreenState:
+        """Screen a batch of hidden states [B, d]."""
+        center = screen_gemv(self.qweight, self.scales, hidden)  # [B, V]
+        if self.bias is not None:
+            center = center + self.bias
+        hnorm = (hidden.double().norm(dim=1) * (1 + 1e-12)).float()  # [B], rounding folded into _SLACK
+        radius = self.coefficients[None, :] * hnorm[:, None]  # [B, V]
+        radius = radius + _SLACK * (center.abs() + radius)
+        return ScreenState(hidden, center, radius)
+
+    def open_topk(
+        self, state: ScreenState, row: int, k: int, temperature: float, noise: torch.Tensor | None
+    ) -> Opened:
+        """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise."""
+        center, radius = state.center[row], state.radius[row]
+        lower, upper = center - radius, center + radius
+        if temperature > 0:
+            lower, upper = lower / temperature, upper / temperature
+        if noise is not None:
+            lower, upper = lower + noise, upper + noise
+        kth_lower = torch.topk(lower, k).values[-1]
+        ids = torch.nonzero(upper >= kth_lower).flatten()
+        return Opened(ids, exact_logits(self.weight, self.bias, state.hidden[row], ids), certified=True)
+
+    def tail_logsumexp(self, state: ScreenState, row: int, opened: torch.Tensor, temperature: float) -> float:
+        """Upper bound on log sum over unopened tokens of exp(l_i / T)."""
+        upper = (state.center[row] + state.radius[row]).double() / temperature
+        upper[opened] = float("-inf")
+        return float(torch.logsumexp(upper, 0)) + 1e-9

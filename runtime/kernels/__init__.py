@@ -1,0 +1,71 @@
+"""Compiled CPU kernels, built on first use, with a pure-torch fallback."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("int8_gemv.cpp")
+
+
+@lru_cache(maxsize=1)
+def _extension():
+    """Build (once, cached by torch under ~/.cache/torch_extensions) and load the AVX-512 kernel."""
+    if os.environ.get("SPECVOCAB_NO_EXTENSION") or not _cpu_has_avx512():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        print("specvocab: building the int8 screening kernel (first use only, ~40 s)...", file=sys.stderr)
+        return load(
+            name="specvocab_int8_gemv",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as exc:  # a missing compiler must not stop decoding, only slow it
+        warnings.warn(f"int8 screening kernel unavailable ({exc}); using the slower torch fallback")
+        return None
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        return "avx512bw" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def kernel_name() -> str:
+    """Which implementation `screen_gemv` runs: 'avx512' or 'torch'."""
+    return "avx512" if _extension() is not None else "torch"
+
+
+def screen_gemv(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Approximate logits from the int8 screening copy of the head, fp32 activations.
+
+    qweight: [V, d] int8, scales: [V, G] float32 (G groups per row), hidden: [B, d] float32.
+    Returns [B, V] float32: sum over groups of scale * <q_group, h_group>.
+    """
+    ext = _extension()
+    if ext is not None:
+        return ext.screen_gemv(qweight, scales, hidden.float())
+    return _screen_gemv_torch(qweight, scales, hidden.float())
+
+
+def _screen_gemv_torch(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Reference implementation, in row chunks so it never materializes the dequantized head."""
+    V, d = qweight.shape
+    G = scales.shape[1]
+    out = torch.empty(hidden.shape[0], V, dtype=torch.float32)
+    chunk = 16384
+    for start in range(0, V, chunk):
+        q = qweight[start : start + chunk].float().view(-1, G, d // G)  # [c, G, g]
+        w = (q * scales[start : start + chunk, :, None]).view(-1, d)  # [c, d]
+        out[:, start : start + chunk] = hidden @ w.T
+    return out
