@@ -1,0 +1,16 @@
+"""Model resolution and loading: packaged names, Hugging Face directories, .gguf files."""
+
+from runtime.models.registry import DEFAULT_MODEL, PACKAGED, ModelError, PackagedModel
+from runtime.models.resolve import LoadedModel, ResolvedModel, cache_root, load_model, resolve_model
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "PACKAGED",
+    "LoadedModel",
+    "ModelError",
+    "PackagedModel",
+    "ResolvedModel",
+    "cache_root",
+    "load_model",
+    "resolve_model",
+]
