@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+_COUNTERS = ("rows", "certified", "fallbacks", "recomputed_tokens", "required_open_tokens")
+
+
 @dataclass
 class HeadStats:
     """What a head did: rows decided, certified or fallen back, and how much it recomputed."""
@@ -18,9 +21,21 @@ class HeadStats:
 
     def add(self, other: "HeadStats") -> None:
         """Accumulate another head's counters into this one."""
-        for name in ("rows", "certified", "fallbacks", "recomputed_tokens", "required_open_tokens"):
+        for name in _COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.vocab_size = self.vocab_size or other.vocab_size
+
+    def since(self, before: "HeadStats") -> "HeadStats":
+        """Counters accumulated after the snapshot `before` (taken with dataclasses.replace)."""
+        delta = HeadStats(vocab_size=self.vocab_size)
+        for name in _COUNTERS:
+            setattr(delta, name, getattr(self, name) - getattr(before, name))
+        return delta
+
+    @property
+    def required_open_fraction(self) -> float:
+        """Cluster bound: mean fraction of the vocabulary certification would have had to open."""
+        return self.required_open_tokens / (self.fallbacks * self.vocab_size) if self.fallbacks else 0.0
 
     @property
     def certification_rate(self) -> float:
@@ -40,6 +55,7 @@ class HeadStats:
             "certification_rate": self.certification_rate,
             "fallback_rate": self.fallback_rate,
             "recomputed_fraction": self.recomputed_fraction,
+            "required_open_fraction": self.required_open_fraction,
         }
 
 
@@ -55,10 +71,19 @@ class DecodeStats:
     head: HeadStats = field(default_factory=HeadStats)
 
     @property
+    def seconds_decode(self) -> float:
+        """Time after the first new token (prefill and first head call excluded)."""
+        return self.seconds_total - self.seconds_prefill
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens produced after the first one, i.e. during seconds_decode."""
+        return max(self.new_tokens - 1, 0)
+
+    @property
     def tokens_per_s(self) -> float:
-        """Decode throughput: new tokens over the time after prefill."""
-        decode = self.seconds_total - self.seconds_prefill
-        return self.new_tokens / decode if decode > 0 else 0.0
+        """Decode throughput: tokens after the first over the time after the first."""
+        return self.decode_tokens / self.seconds_decode if self.seconds_decode > 0 else 0.0
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.heads.opened import Opened, exact_logits
-from runtime.kernels import screen_gemv
+from runtime.kernels import screen_gemv, screen_select
 
 # Relative slack for the few float32 roundings after the dot products (radius scaling,
 # the +/- of center and radius, division by the temperature, adding noise).
@@ -50,7 +50,7 @@ class ScreenState:
 
     hidden: torch.Tensor  # [B, d]
     center: torch.Tensor  # [B, V] screening logits (bias included)
-    radius: torch.Tensor  # [B, V] sound bound on |exact - center|
+    hidden_norm: torch.Tensor  # [B] float64 |h|, rounded up
 
 
 class ScreenBound:
@@ -83,27 +83,25 @@ class ScreenBound:
         center = screen_gemv(self.qweight, self.scales, hidden)  # [B, V]
         if self.bias is not None:
             center = center + self.bias
-        hnorm = (hidden.double().norm(dim=1) * (1 + 1e-12)).float()  # [B], rounding folded into _SLACK
-        radius = self.coefficients[None, :] * hnorm[:, None]  # [B, V]
-        radius = radius + _SLACK * (center.abs() + radius)
-        return ScreenState(hidden, center, radius)
+        hnorm = hidden.double().norm(dim=1) * (1 + 1e-12)  # [B]; float32 rounding is in _SLACK
+        return ScreenState(hidden, center, hnorm)
 
     def open_topk(
         self, state: ScreenState, row: int, k: int, temperature: float, noise: torch.Tensor | None
     ) -> Opened:
         """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise."""
-        center, radius = state.center[row], state.radius[row]
-        lower, upper = center - radius, center + radius
-        if temperature > 0:
-            lower, upper = lower / temperature, upper / temperature
-        if noise is not None:
-            lower, upper = lower + noise, upper + noise
-        kth_lower = torch.topk(lower, k).values[-1]
-        ids = torch.nonzero(upper >= kth_lower).flatten()
+        ids = screen_select(
+            state.center[row], self.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k
+        )
         return Opened(ids, exact_logits(self.weight, self.bias, state.hidden[row], ids), certified=True)
+
+    def radius(self, state: ScreenState, row: int) -> torch.Tensor:
+        """Sound bound [V] on |exact logit - screening logit| for one row."""
+        base = self.coefficients * float(state.hidden_norm[row])
+        return base + _SLACK * (state.center[row].abs() + base)
 
     def tail_logsumexp(self, state: ScreenState, row: int, opened: torch.Tensor, temperature: float) -> float:
         """Upper bound on log sum over unopened tokens of exp(l_i / T)."""
-        upper = (state.center[row] + state.radius[row]).double() / temperature
+        upper = (state.center[row] + self.radius(state, row)).double() / temperature
         upper[opened] = float("-inf")
         return float(torch.logsumexp(upper, 0)) + 1e-9

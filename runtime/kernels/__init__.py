@@ -21,12 +21,11 @@ def _extension():
     try:
         from torch.utils.cpp_extension import load
 
-        print("specvocab: building the int8 screening kernel (first use only, ~40 s)...", file=sys.stderr)
+        print("specvocab: loading the int8 screening kernel (compiled on first use, ~40 s)", file=sys.stderr)
         return load(
             name="specvocab_int8_gemv",
             sources=[str(_SOURCE)],
             extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
             verbose=False,
         )
     except Exception as exc:  # a missing compiler must not stop decoding, only slow it
@@ -69,3 +68,30 @@ def _screen_gemv_torch(qweight: torch.Tensor, scales: torch.Tensor, hidden: torc
         w = (q * scales[start : start + chunk, :, None]).view(-1, d)  # [c, d]
         out[:, start : start + chunk] = hidden @ w.T
     return out
+
+
+def screen_select(
+    center: torch.Tensor,
+    coefficients: torch.Tensor,
+    hidden_norm: float,
+    slack: float,
+    temperature: float,
+    noise: torch.Tensor | None,
+    k: int,
+) -> torch.Tensor:
+    """Candidate ids [n] of one screened row: upper bound >= the k-th best lower bound.
+
+    center, coefficients, noise: [V] float32. radius_i = c_i |h| + slack (|center_i| + c_i |h|);
+    bounds are divided by the temperature (when > 0) and shifted by the noise.
+    """
+    inv_t = 1.0 / temperature if temperature > 0 else 1.0
+    ext = _extension()
+    if ext is not None:
+        empty = torch.empty(0, dtype=torch.float32)
+        return ext.screen_select(center, coefficients, hidden_norm, slack, inv_t, empty if noise is None else noise, k)
+    base = coefficients * hidden_norm
+    radius = base + slack * (center.abs() + base)
+    lower, upper = (center - radius) * inv_t, (center + radius) * inv_t
+    if noise is not None:
+        lower, upper = lower + noise, upper + noise
+    return torch.nonzero(upper >= torch.topk(lower, k).values[-1]).flatten()

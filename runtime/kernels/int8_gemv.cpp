@@ -1,41 +1,80 @@
-// Screening GEMV: y[i] = sum_g scales[i, g] * sum_{j in g} q[i, j] * h[j], fp32 activations.
-// Weights are int8 (the screening copy of the LM head), activations stay fp32 so the only
-// approximation is the weight quantization, which the caller bounds per row.
+// Screening kernels for the certified LM head (CPU, AVX-512).
+//
+// screen_gemv:   y[b, i] = sum_g scales[i, g] * <q[i, g-th group], h[b, g-th group]>, fp32 activations.
+//                Weights are the int8 screening copy of the head; activations stay fp32 so the only
+//                approximation is the weight quantization, which the caller bounds per row.
+// screen_select: the candidates of one row: every i whose upper bound reaches the k-th best lower bound.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <vector>
 
 namespace {
 
-inline __m512 load_int8x16_as_ps(const int8_t* q) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q)));
+constexpr int kRows = 4;  // rows per block: independent accumulators hide FMA latency
+constexpr int kPrefetchRows = 8;  // software prefetch this many rows ahead: ~2x on this CPU
+
+inline void prefetch_rows(const int8_t* q, int64_t d, int64_t j) {
+  for (int r = 0; r < kRows; ++r) _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchRows + r) * d + j), _MM_HINT_T0);
 }
 
-// Per-row scale: accumulate raw products, scale once at the end.
-inline float dot_row_scaled_once(const int8_t* q, float s, const float* h, int64_t d) {
-  __m512 acc0 = _mm512_setzero_ps();
-  __m512 acc1 = _mm512_setzero_ps();
+inline __m512 load_int8x16_as_ps(const int8_t* q) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+}
+
+// Rows [i, i + kRows) against one hidden state; per-row scale applied once at the end.
+inline void block_per_row(const int8_t* q, const float* s, const float* h, int64_t d, float* out) {
+  __m512 acc[kRows][2];
+  for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 32 <= d; j += 32) {
-    acc0 = _mm512_fmadd_ps(load_int8x16_as_ps(q + j), _mm512_loadu_ps(h + j), acc0);
-    acc1 = _mm512_fmadd_ps(load_int8x16_as_ps(q + j + 16), _mm512_loadu_ps(h + j + 16), acc1);
-  }
-  for (; j < d; j += 16) {
-    acc0 = _mm512_fmadd_ps(load_int8x16_as_ps(q + j), _mm512_loadu_ps(h + j), acc0);
-  }
-  return s * _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
-// Per-group scales: the scale multiplies each group's products before accumulation.
-inline float dot_row_grouped(const int8_t* q, const float* s, const float* h, int64_t d, int64_t group) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t g0 = 0; g0 < d; g0 += group) {
-    const __m512 scale = _mm512_set1_ps(s[g0 / group]);
-    for (int64_t j = g0; j < g0 + group; j += 16) {
-      acc = _mm512_fmadd_ps(_mm512_mul_ps(load_int8x16_as_ps(q + j), scale), _mm512_loadu_ps(h + j), acc);
+    const __m512 h0 = _mm512_loadu_ps(h + j), h1 = _mm512_loadu_ps(h + j + 16);
+    prefetch_rows(q, d, j);
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0] = _mm512_fmadd_ps(load_int8x16_as_ps(q + r * d + j), h0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(load_int8x16_as_ps(q + r * d + j + 16), h1, acc[r][1]);
     }
   }
-  return _mm512_reduce_add_ps(acc);
+  for (; j < d; j += 16) {
+    const __m512 h0 = _mm512_loadu_ps(h + j);
+    for (int r = 0; r < kRows; ++r) acc[r][0] = _mm512_fmadd_ps(load_int8x16_as_ps(q + r * d + j), h0, acc[r][0]);
+  }
+  for (int r = 0; r < kRows; ++r) out[r] = s[r] * _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+// Rows [i, i + kRows) with G scales per row: each group's partial dot is scaled, then accumulated.
+inline void block_grouped(const int8_t* q, const float* s, const float* h, int64_t d, int64_t group, float* out) {
+  const int64_t G = d / group;
+  __m512 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    if ((g * group) % 64 == 0) prefetch_rows(q, d, g * group);  // one 64-byte cache line at a time
+    for (int r = 0; r < kRows; ++r) {
+      const int8_t* qg = q + r * d + g * group;
+      const float* hg = h + g * group;
+      __m512 part = _mm512_mul_ps(load_int8x16_as_ps(qg), _mm512_loadu_ps(hg));
+      for (int64_t j = 16; j < group; j += 16) {
+        part = _mm512_fmadd_ps(load_int8x16_as_ps(qg + j), _mm512_loadu_ps(hg + j), part);
+      }
+      acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(s[r * G + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+float dot_row_reference(const int8_t* q, const float* s, const float* h, int64_t d, int64_t group) {
+  float total = 0.f;
+  for (int64_t g0 = 0; g0 < d; g0 += group) {
+    float part = 0.f;
+    for (int64_t j = g0; j < g0 + group; ++j) part += static_cast<float>(q[j]) * h[j];
+    total += s[g0 / group] * part;
+  }
+  return total;
 }
 
 }  // namespace
@@ -46,8 +85,7 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
   TORCH_CHECK(scales.dtype() == torch::kFloat32 && scales.is_contiguous(), "scales must be contiguous float32");
   TORCH_CHECK(h.dtype() == torch::kFloat32 && h.dim() == 2, "h must be [B, d] float32");
   h = h.contiguous();
-  const int64_t V = q.size(0), d = q.size(1), B = h.size(0);
-  const int64_t G = scales.size(1);
+  const int64_t V = q.size(0), d = q.size(1), B = h.size(0), G = scales.size(1);
   TORCH_CHECK(h.size(1) == d && scales.size(0) == V && d % G == 0, "shape mismatch");
   const int64_t group = d / G;
   TORCH_CHECK(group % 16 == 0, "group size must be a multiple of 16");
@@ -56,17 +94,80 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
   const float* sp = scales.data_ptr<float>();
   const float* hp = h.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Rows outer, batch inner: each weight row is streamed from memory once for the whole batch.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < V; ++i) {
-    for (int64_t b = 0; b < B; ++b) {
-      yp[b * V + i] = G == 1 ? dot_row_scaled_once(qp + i * d, sp[i], hp + b * d, d)
-                             : dot_row_grouped(qp + i * d, sp + i * G, hp + b * d, d, group);
+  // Blocks of rows outer, batch inner: each weight row streams from memory once for the whole batch.
+  // at::parallel_for shares torch's thread pool (a second OpenMP runtime would fight it for cores).
+  at::parallel_for(0, V, 4096, [&](int64_t begin, int64_t end) {
+    float out[kRows];
+    int64_t i = begin;
+    for (; i + kRows <= end; i += kRows) {
+      for (int64_t b = 0; b < B; ++b) {
+        if (G == 1) {
+          block_per_row(qp + i * d, sp + i, hp + b * d, d, out);
+        } else {
+          block_grouped(qp + i * d, sp + i * G, hp + b * d, d, group, out);
+        }
+        for (int r = 0; r < kRows; ++r) yp[b * V + i + r] = out[r];
+      }
     }
-  }
+    for (; i < end; ++i) {
+      for (int64_t b = 0; b < B; ++b) yp[b * V + i] = dot_row_reference(qp + i * d, sp + i * G, hp + b * d, d, group);
+    }
+  });
   return y;
+}
+
+// One row: lower_i = (center_i - radius_i) * inv_t + noise_i, upper_i likewise with +radius_i, where
+// radius_i = coef_i * hnorm + slack * (|center_i| + coef_i * hnorm). Returns ids with upper_i >= the
+// k-th largest lower_i. noise may be empty (no noise). Two passes, no [V] temporaries.
+torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, double slack,
+                            double inv_t, torch::Tensor noise, int64_t k) {
+  TORCH_CHECK(center.dtype() == torch::kFloat32 && center.dim() == 1 && center.is_contiguous(), "center: [V] fp32");
+  TORCH_CHECK(coef.dtype() == torch::kFloat32 && coef.is_contiguous() && coef.numel() == center.numel(), "coef: [V] fp32");
+  const int64_t V = center.numel();
+  TORCH_CHECK(k >= 1 && k <= V, "k out of range");
+  const bool has_noise = noise.numel() > 0;
+  TORCH_CHECK(!has_noise || (noise.dtype() == torch::kFloat32 && noise.is_contiguous() && noise.numel() == V), "noise: [V] fp32");
+  const float* c = center.data_ptr<float>();
+  const float* e = coef.data_ptr<float>();
+  const float* g = has_noise ? noise.data_ptr<float>() : nullptr;
+  const float hn = static_cast<float>(hnorm), sl = static_cast<float>(slack), it = static_cast<float>(inv_t);
+  auto bounds = [&](int64_t i, float& lo, float& up) {
+    const float base = e[i] * hn;
+    const float radius = base + sl * (std::fabs(c[i]) + base);
+    lo = (c[i] - radius) * it;
+    up = (c[i] + radius) * it;
+    if (g) { lo += g[i]; up += g[i]; }
+  };
+  float threshold;
+  if (k == 1) {  // greedy and Gumbel-max: a plain max, which the compiler vectorizes
+    threshold = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) {
+      float lo, up;
+      bounds(i, lo, up);
+      threshold = std::max(threshold, lo);
+    }
+  } else {  // k-th largest lower bound via a size-k min-heap
+    std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
+    for (int64_t i = 0; i < V; ++i) {
+      float lo, up;
+      bounds(i, lo, up);
+      if (static_cast<int64_t>(heap.size()) < k) heap.push(lo);
+      else if (lo > heap.top()) { heap.pop(); heap.push(lo); }
+    }
+    threshold = heap.top();
+  }
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < V; ++i) {
+    float lo, up;
+    bounds(i, lo, up);
+    if (up >= threshold) ids.push_back(i);
+  }
+  auto out = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
+  std::copy(ids.begin(), ids.end(), out.data_ptr<int64_t>());
+  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
+  m.def("screen_select", &screen_select, "candidate ids of one screened row");
 }

@@ -1,0 +1,26 @@
+"""Recipes: one TOML per packaged model saying which parameters each prep stage uses."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+# Used for models without a recipe (a local directory or .gguf file).
+DEFAULTS = {
+    "cluster": {"clusters": 1024, "iterations": 10, "top_m_bias": 3},
+    "screen": {"group_size": "auto"},
+}
+
+
+def load_recipe(model: str) -> dict:
+    """The recipe of a packaged model merged over the defaults; defaults alone for other models."""
+    recipe = {stage: dict(values) for stage, values in DEFAULTS.items()}
+    path = RECIPES_DIR / f"{model}.toml"
+    if path.is_file():
+        with path.open("rb") as f:
+            for stage, values in tomllib.load(f).items():
+                if isinstance(values, dict):
+                    recipe.setdefault(stage, {}).update(values)
+    return recipe

@@ -1,0 +1,1 @@
+"""`runtime bench`: every method interleaved on the same prompts in one process, ratios in one run."""

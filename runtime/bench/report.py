@@ -1,0 +1,75 @@
+"""Bench output: a JSON record, a Markdown table and a PNG plot, all from the same rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+COLUMNS = [
+    ("method", "method", "{}"),
+    ("tokens_per_s", "tok/s", "{:.2f}"),
+    ("speedup_vs_ar", "speedup vs ar", "{:.2f}x"),
+    ("identical_to_greedy", "identical to greedy", "{:.0%}"),
+    ("certification_rate", "certified", "{:.1%}"),
+    ("fallback_rate", "fallback", "{:.1%}"),
+    ("recomputed_fraction", "recomputed", "{:.4%}"),
+    ("required_open_fraction", "needed to certify", "{:.1%}"),
+]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Markdown table of the rows; columns that are empty for every method are left out."""
+    columns = [c for c in COLUMNS if any(row.get(c[0]) is not None for row in rows)]
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [fmt.format(row[key]) if row.get(key) is not None else "–" for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_reports(record: dict, json_path: Path) -> tuple[Path, Path, Path]:
+    """Write JSON at json_path, and .md / .png beside it (same stem)."""
+    md_path, png_path = json_path.with_suffix(".md"), json_path.with_suffix(".png")
+    _atomic_write(json_path, (json.dumps(record, indent=2) + "\n").encode())
+    _atomic_write(md_path, (_markdown_document(record) + "\n").encode())
+    plot(record, png_path)
+    return json_path, md_path, png_path
+
+
+def _markdown_document(record: dict) -> str:
+    setup = record["setup"]
+    header = ", ".join(f"{k}={v}" for k, v in setup.items())
+    return f"`{record['command']}`\n\n{header}\n\n{markdown_table(record['methods'])}"
+
+
+def plot(record: dict, png_path: Path) -> None:
+    """Bar chart of tokens/s per method, annotated with the speedup over ar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = record["methods"]
+    fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(rows)), 3.6))
+    bars = ax.bar([r["method"] for r in rows], [r["tokens_per_s"] for r in rows], color="#4a7ebb")
+    for bar, row in zip(bars, rows):
+        if row.get("speedup_vs_ar") is not None:
+            ax.annotate(f"{row['speedup_vs_ar']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom")
+    ax.set_ylabel("tokens / s (decode)")
+    ax.set_title(f"{record['setup'].get('model', '')}: {record['setup'].get('prompts', '')}", fontsize=10)
+    fig.tight_layout()
+    tmp = png_path.with_name(f".tmp-{png_path.name}")
+    fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    os.replace(tmp, png_path)

@@ -1,0 +1,94 @@
+"""Run methods interleaved on the same prompts and aggregate what each did."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from runtime.bench.methods import Method
+from runtime.heads.sampling import SamplingParams
+from runtime.stats import DecodeStats, HeadStats
+
+REFERENCE = "ar"
+
+
+@dataclass
+class MethodResult:
+    """Everything one method produced over all prompts."""
+
+    name: str
+    outputs: list[list[int]] = field(default_factory=list)
+    runs: list[DecodeStats] = field(default_factory=list)
+
+    @property
+    def head(self) -> HeadStats:
+        total = HeadStats()
+        for run in self.runs:
+            total.add(run.head)
+        return total
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode tokens over decode seconds, summed over prompts (long prompts weigh more)."""
+        seconds = sum(run.seconds_decode for run in self.runs)
+        return sum(run.decode_tokens for run in self.runs) / seconds if seconds else 0.0
+
+
+def run_bench(
+    methods: list[Method],
+    prompts: list[torch.Tensor],
+    max_new_tokens: int,
+    params: SamplingParams,
+    seed: int,
+    warmup_tokens: int = 8,
+) -> list[MethodResult]:
+    """Warm every method up, then for each prompt run every method (rotating the order)."""
+    for method in methods:
+        method.decode(prompts[0], warmup_tokens, params, torch.Generator().manual_seed(seed))
+    results = {m.name: MethodResult(m.name) for m in methods}
+    bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
+    for index, prompt in enumerate(prompts):
+        shift = index % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            # Same seed per prompt for every method: exact samplers must then agree token for token.
+            tokens, stats = method.decode(prompt, max_new_tokens, params, torch.Generator().manual_seed(seed + index))
+            results[method.name].outputs.append(tokens)
+            results[method.name].runs.append(stats)
+            bar.update(1)
+    bar.close()
+    return [results[m.name] for m in methods]
+
+
+def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]:
+    """Per-method JSON rows with the fields the README and issues quote."""
+    reference = next((r for r in results if r.name == REFERENCE), None)
+    rows = []
+    for result in results:
+        head = result.head
+        certifies = head.certified + head.fallbacks > 0  # the full head certifies nothing
+        row = {
+            "method": result.name,
+            "tokens_per_s": result.tokens_per_s,
+            "speedup_vs_ar": result.tokens_per_s / reference.tokens_per_s if reference and reference.tokens_per_s else None,
+            "identical_to_greedy": _identical_fraction(result, reference) if params.greedy else None,
+            "identical_to_ar": _identical_fraction(result, reference),
+            "new_tokens": sum(run.new_tokens for run in result.runs),
+            "certification_rate": head.certification_rate if certifies else None,
+            "fallback_rate": head.fallback_rate if certifies else None,
+            "recomputed_fraction": head.recomputed_fraction,
+            "required_open_fraction": head.required_open_fraction if head.fallbacks else None,
+        }
+        rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
+    return rows
+
+
+def _identical_fraction(result: MethodResult, reference: MethodResult | None) -> float | None:
+    """Fraction of prompts whose tokens equal the reference method's."""
+    if reference is None:
+        return None
+    same = sum(a == b for a, b in zip(result.outputs, reference.outputs))
+    return same / len(result.outputs) if result.outputs else None

@@ -1,0 +1,188 @@
+"""`runtime`: decode with a model and its artifact, benchmark methods side by side, inspect artifacts."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+import torch
+
+from artifacts import ArtifactError
+from runtime.heads.sampling import SamplingParams
+from runtime.models import ModelError
+
+
+def clean_errors(command):
+    """Turn expected failures into one-line click errors (exit 1, no traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (ArtifactError, ModelError, ValueError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def sampling_options(command):
+    """--temperature/--top-k/--top-p/--epsilon/--seed, shared by generate and bench."""
+    options = [
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
+        click.option("--epsilon", type=float, default=None, help="csv only: allow total variation <= epsilon."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Decode with specvocab artifacts, benchmark methods, inspect artifacts.
+
+    \b
+    runtime generate art/g270 --method csv --prompt "Write a haiku about rain."
+    runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster
+    runtime inspect art/g270
+    """
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--method", type=click.Choice(["ar", "csv"]), default="csv", show_default=True)
+@click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True,
+              help="csv: which certified bound.")
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@sampling_options
+@clean_errors
+def generate(artifact, method, bound, prompt, prompt_file, chat, max_new_tokens, model,
+             temperature, top_k, top_p, epsilon, seed) -> None:
+    """Generate text, streaming it, then print speed and certification stats.
+
+    \b
+    runtime generate art/g270 --method csv --prompt "def fib(n):"
+    runtime generate art/g270 --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
+    """
+    from runtime.decode import generate_ar
+    from runtime.prompting import TextStream, encode_prompt
+    from runtime.session import open_session
+
+    text = _prompt_text(prompt, prompt_file)
+    params = SamplingParams(temperature, top_k, top_p, epsilon)
+    if epsilon is not None and method != "csv":
+        raise click.UsageError("--epsilon applies to --method csv only")
+    session = open_session(artifact, model)
+    head = session.certified_head(bound) if method == "csv" else session.full_head()
+    ids = encode_prompt(session.tokenizer, text, chat)
+    stream = TextStream(session.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    _, stats = generate_ar(session.target, head, ids, max_new_tokens, params,
+                           torch.Generator().manual_seed(seed), on_token=stream)
+    click.echo("")
+    summary = stats.head.summary()
+    label = f"csv:{bound}" if method == "csv" else "ar"
+    click.echo(
+        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode, prefill {stats.seconds_prefill:.2f} s; "
+        f"certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
+        f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary",
+        err=True,
+    )
+
+
+def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt or --prompt-file")
+    return prompt if prompt is not None else Path(prompt_file).read_text()
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--prompts", "prompt_source", default="humaneval", show_default=True,
+              help="humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
+@click.option("--methods", default="ar,csv:screen", show_default=True, help="Comma-separated methods.")
+@click.option("-n", "num_prompts", type=int, default=12, show_default=True)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--chat", is_flag=True, help="Wrap prompts in the chat template.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default="bench-out/bench.json", show_default=True,
+              help="JSON output; the .md table and .png plot go beside it.")
+@click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@sampling_options
+@clean_errors
+def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, json_path, model,
+          temperature, top_k, top_p, epsilon, seed) -> None:
+    """Run methods interleaved on the same prompts; report tok/s and speedup over ar in one run.
+
+    \b
+    runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster -n 12
+    runtime bench art/g270 --prompts prompts.json --methods ar,csv --temperature 0.7
+    """
+    from runtime.bench.methods import build_method
+    from runtime.bench.report import markdown_table, write_reports
+    from runtime.bench.runner import run_bench, summarize
+    from runtime.data import load_prompts
+    from runtime.kernels import kernel_name
+    from runtime.prompting import encode_prompt
+    from runtime.session import open_session
+
+    names = [m for m in methods.split(",") if m.strip()]
+    if "ar" not in names:
+        names.insert(0, "ar")  # speedups are always against ar measured in the same run
+    params = SamplingParams(temperature, top_k, top_p, epsilon)
+    session = open_session(artifact, model)
+    built = [build_method(session, name) for name in names]
+    texts = load_prompts(prompt_source, num_prompts)
+    prompts = [encode_prompt(session.tokenizer, text, chat) for text in texts]
+    results = run_bench(built, prompts, max_new_tokens, params, seed)
+    rows = summarize(results, params)
+    record = {
+        "command": "runtime bench " + " ".join(sys.argv[2:]),
+        "setup": {
+            "model": session.model.info.name, "prompts": prompt_source, "n": len(prompts),
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "epsilon": epsilon, "seed": seed, "chat": chat, "threads": torch.get_num_threads(),
+            "screen_kernel": kernel_name(),
+        },
+        "methods": rows,
+    }
+    paths = write_reports(record, Path(json_path))
+    click.echo(markdown_table(rows))
+    click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--check-model", is_flag=True, help="Also load the model and compare fingerprints.")
+@clean_errors
+def inspect(artifact, check_model) -> None:
+    """Show an artifact's stages, parameters and sizes, and whether it is valid.
+
+    \b
+    runtime inspect art/g270
+    runtime inspect art/g270 --check-model
+    """
+    from runtime.inspect import describe_artifact
+
+    model_info = None
+    if check_model:
+        from artifacts import Artifact
+        from runtime.models import load_model
+        from runtime.session import model_spec_of
+
+        model_info = load_model(model_spec_of(Artifact.open(artifact)), progress=False).info
+    report, valid = describe_artifact(artifact, model_info)
+    click.echo(report)
+    if not valid:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

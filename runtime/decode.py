@@ -1,0 +1,54 @@
+"""Decoding loops: prefill, then one token per step through a target backend and an LM head."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from runtime.heads.sampling import SamplingParams
+from runtime.stats import DecodeStats
+from runtime.target import TargetModel
+
+
+def generate_ar(
+    target: TargetModel,
+    head,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    on_token: Callable[[int], None] | None = None,
+    stop_at_eos: bool = True,
+) -> tuple[list[int], DecodeStats]:
+    """Plain autoregressive decoding: one target forward and one head call per new token.
+
+    prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats.
+    """
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    stats = DecodeStats(prompt_tokens=prompt.numel())
+    head_before = replace(head.stats)
+    started = time.perf_counter()
+    cache = target.new_cache()
+    hidden = target.forward(prompt, cache)[-1:]  # [1, d]
+    stats.forwards += 1
+    tokens: list[int] = []
+    for step in range(max_new_tokens):
+        token = int(head.select(hidden, params, generator)[0])
+        if step == 0:
+            stats.seconds_prefill = time.perf_counter() - started
+        tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+        if (stop_at_eos and token in target.eos_token_ids) or step == max_new_tokens - 1:
+            break
+        hidden = target.forward(torch.tensor([token]), cache)  # [1, d]
+        stats.forwards += 1
+    stats.seconds_total = time.perf_counter() - started
+    stats.new_tokens = len(tokens)
+    stats.head = head.stats.since(head_before)
+    return tokens, stats
+

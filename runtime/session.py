@@ -1,0 +1,61 @@
+"""Open an artifact together with the model it was built for, and build heads from its stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from artifacts import Artifact
+from artifacts.format import Stage
+from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound
+from runtime.models import LoadedModel, load_model
+from runtime.target import TorchTarget, eos_ids
+
+BOUNDS = ("screen", "cluster")
+
+
+@dataclass
+class Session:
+    """A model, its decoding backend, and the artifact prepared for it."""
+
+    artifact: Artifact
+    model: LoadedModel
+    target: TorchTarget
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def full_head(self) -> FullHead:
+        return FullHead(self.target.head_weight, self.target.head_bias)
+
+    def certified_head(self, bound: str = "screen", max_open_fraction: float = 0.5) -> CertifiedHead:
+        """CertifiedHead over the artifact's `screen` or `clusters` stage."""
+        weight, bias = self.target.head_weight, self.target.head_bias
+        if bound == "screen":
+            family = ScreenBound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN))
+        elif bound == "cluster":
+            tensors = self.artifact.read_stage(Stage.CLUSTERS)
+            family = ClusterBound(weight, bias, tensors, max_open_fraction=max_open_fraction)
+        else:
+            raise ValueError(f"unknown bound {bound!r}; choose one of {', '.join(BOUNDS)}")
+        return CertifiedHead(weight, bias, family)
+
+
+def model_spec_of(artifact: Artifact) -> str:
+    """The model argument an artifact was built from: its packaged name, .gguf path or model directory."""
+    info = artifact.model
+    if info.source.startswith("gguf:"):
+        return info.source[len("gguf:") :].rsplit(" sha256:", 1)[0]
+    if info.source.startswith("hf-dir:"):
+        return info.source[len("hf-dir:") :]
+    return info.name
+
+
+def open_session(artifact_path: str | Path, model: str | None = None, progress: bool = True) -> Session:
+    """Open ART, load its model (or `model`), and refuse a model whose fingerprint differs."""
+    artifact = Artifact.open(artifact_path)
+    loaded = load_model(model or model_spec_of(artifact), progress=progress)
+    artifact.check_model(loaded.info)
+    target = TorchTarget(loaded.model, eos_ids(loaded.model, loaded.tokenizer))
+    return Session(artifact, loaded, target)
