@@ -34,6 +34,7 @@ def main() -> None:
     \b
     prep import gemma3-270m
     prep cluster gemma3-270m -o art/g270
+    prep all gemma3-270m -o art/g270
     """
 
 
@@ -80,6 +81,31 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
     )
     stages.write_screen(source, parse_group_size(group_size or recipe["screen"]["group_size"]), force)
     click.echo(f"wrote stages clusters, screen to {source.artifact.path}")
+
+
+@main.command("all")
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
+@click.option("--force", is_flag=True, help="Rebuild stages that already exist.")
+@clean_errors
+def all_stages(model: str, out: str, force: bool) -> None:
+    """Run the model's recipe end to end; stages already built are kept (use --force to rebuild).
+
+    \b
+    prep all gemma3-270m -o art/g270
+    prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
+    """
+    recipe = load_recipe(model)
+    source = stages.open_for_writing(model, out, [], force)
+    todo = [stage for stage in (Stage.CLUSTERS, Stage.SCREEN) if force or not source.artifact.has_stage(stage)]
+    for stage in {Stage.CLUSTERS, Stage.SCREEN} - set(todo):
+        click.echo(f"{stage}: already built, kept (pass --force to rebuild)", err=True)
+    if Stage.CLUSTERS in todo:
+        cfg = recipe["cluster"]
+        stages.write_clusters(source, cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0, force)
+    if Stage.SCREEN in todo:
+        stages.write_screen(source, parse_group_size(recipe["screen"]["group_size"]), force)
+    click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
 
 
 def parse_group_size(value) -> int | None:

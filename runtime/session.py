@@ -29,7 +29,7 @@ class Session:
     def full_head(self) -> FullHead:
         return FullHead(self.target.head_weight, self.target.head_bias)
 
-    def certified_head(self, bound: str = "screen", max_open_fraction: float = 0.5) -> CertifiedHead:
+    def certified_head(self, bound: str = "screen", max_open_fraction: float = 0.25) -> CertifiedHead:
         """CertifiedHead over the artifact's `screen` or `clusters` stage."""
         weight, bias = self.target.head_weight, self.target.head_bias
         if bound == "screen":

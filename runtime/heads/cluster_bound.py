@@ -46,7 +46,7 @@ class ClusterBound:
         bias: torch.Tensor | None,
         tensors: dict[str, torch.Tensor],
         first_open: int = 16,
-        max_open_fraction: float = 0.5,
+        max_open_fraction: float = 0.25,
     ) -> None:
         self.weight = weight  # [V, d]
         self.bias = bias  # [V] or None
@@ -118,9 +118,9 @@ class ClusterBound:
                 next_bound = upper[order[opened_clusters]] if opened_clusters < len(order) else float("-inf")
                 if torch.topk(scores, k).values[-1] >= next_bound:
                     return Opened(ids, logits, certified=True)
-            if opened_clusters >= len(order) or ids.numel() > self.max_open_tokens:
-                return None
             target = min(2 * target, len(order))
+            if ids.numel() + int(self.sizes[order[opened_clusters:target]].sum()) > self.max_open_tokens:
+                return None  # the next batch would exceed the budget: fall back to the full head
 
     def _always_open(self) -> torch.Tensor:
         if self.bias_top_ids is None:
