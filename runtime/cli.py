@@ -158,6 +158,32 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, j
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
 
+@main.command("bench-kernels")
+@click.argument("artifact", type=click.Path())
+@click.option("--prompt", default="def fibonacci(n):", show_default=True, help="Text whose last hidden state is screened.")
+@click.option("--repeats", type=int, default=20, show_default=True)
+@clean_errors
+def bench_kernels(artifact, prompt, repeats) -> None:
+    """Time the screening-kernel candidates against the full head, in one run, on a real hidden state.
+
+    \b
+    runtime bench-kernels art/g270
+    """
+    from artifacts.format import Stage
+    from runtime.bench.kernels import compare_kernels
+    from runtime.bench.report import markdown_rows
+    from runtime.prompting import encode_prompt
+    from runtime.session import open_session
+
+    session = open_session(artifact)
+    ids = encode_prompt(session.tokenizer, prompt)
+    hidden = session.target.forward(ids, session.target.new_cache())[-1:].float()  # [1, d]
+    rows = compare_kernels(session.target.head_weight, session.artifact.read_stage(Stage.SCREEN), hidden, repeats)
+    columns = [("kernel", "kernel", "{}"), ("activations", "activations", "{}"), ("ms", "ms", "{:.2f}"),
+               ("vs_full_head", "time vs full head", "{:.2f}x"), ("max_error", "max abs error", "{:.2e}")]
+    click.echo(markdown_rows(rows, columns))
+
+
 @main.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--check-model", is_flag=True, help="Also load the model and compare fingerprints.")

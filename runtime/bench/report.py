@@ -20,8 +20,12 @@ COLUMNS = [
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """Markdown table of the rows; columns that are empty for every method are left out."""
-    columns = [c for c in COLUMNS if any(row.get(c[0]) is not None for row in rows)]
+    """Markdown table of the bench rows; columns that are empty for every method are left out."""
+    return markdown_rows(rows, [c for c in COLUMNS if any(row.get(c[0]) is not None for row in rows)])
+
+
+def markdown_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown table with (key, title, format) columns; missing values print as a dash."""
     lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = [fmt.format(row[key]) if row.get(key) is not None else "–" for key, _, fmt in columns]
