@@ -72,10 +72,10 @@ class CertifiedHead:
         return self._argmax(opened, params.temperature, noise)
 
     @staticmethod
-    def _argmax(opened: Opened | None, temperature: float, noise, keep: torch.Tensor | None = None):
+    def _argmax(opened: Opened, temperature: float, noise, keep: torch.Tensor | None = None):
         """Gumbel-max (or plain argmax) over opened tokens, optionally restricted to positions `keep`."""
-        if opened is None:
-            return None, 0
+        if not opened.certified:
+            return None, int(opened.ids.numel())
         ids, logits = opened.ids, opened.logits
         if keep is not None:
             ids, logits = ids[keep], logits[keep]
@@ -86,8 +86,8 @@ class CertifiedHead:
 
     def _top_k(self, state, row: int, params: SamplingParams, noise):
         opened = self.bound.open_topk(state, row, params.top_k, 0.0, None)
-        if opened is None:
-            return None, 0
+        if not opened.certified:
+            return None, int(opened.ids.numel())
         positions = torch.topk(opened.logits, params.top_k).indices  # exact top-k, certified
         if params.top_p < 1.0:
             scaled = opened.logits[positions] / params.temperature  # already sorted descending
@@ -100,9 +100,9 @@ class CertifiedHead:
         for size in _TOP_SET_SIZES:
             size = min(size, self.vocab_size)
             opened = self.bound.open_topk(state, row, size, 0.0, None)
-            if opened is None:
-                return None, opened_total
             opened_total = int(opened.ids.numel())
+            if not opened.certified:
+                return None, opened_total
             values, positions = torch.topk(opened.logits / params.temperature, size)
             log_z_low = float(torch.logsumexp((opened.logits / params.temperature).double(), 0))
             tail = self.bound.tail_logsumexp(state, row, opened.ids, params.temperature)
@@ -119,9 +119,9 @@ class CertifiedHead:
         opened_total = 0
         for size in _TOP_SET_SIZES:
             opened = self.bound.open_topk(state, row, min(size, self.vocab_size), 0.0, None)
-            if opened is None:
-                return None, opened_total
             opened_total = int(opened.ids.numel())
+            if not opened.certified:
+                return None, opened_total
             log_z_opened = float(torch.logsumexp((opened.logits / params.temperature).double(), 0))
             tail = self.bound.tail_logsumexp(state, row, opened.ids, params.temperature)
             # Restricting to the opened set moves tail / (Z_opened + tail) of mass: that is the TV distance.

@@ -18,6 +18,11 @@ from runtime.heads.opened import Opened, exact_logits
 from runtime.heads.screen_bound import dot_rounding_gamma
 
 
+# Adaptive budget constants from seed 000 (Runtime Optimization paragraph).
+_ALPHA = 0.01
+_TARGET_FALLBACK = 0.02
+
+
 def concatenated_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Indices of the ranges [start, start + length) laid end to end."""
     total = int(lengths.sum())
@@ -48,6 +53,7 @@ class ClusterBound:
         tensors: dict[str, torch.Tensor],
         first_open: int = 16,
         max_open_fraction: float = 0.25,
+        adaptive_budget: bool = False,
     ) -> None:
         self.weight = weight  # [V, d]
         self.bias = bias  # [V] or None
@@ -65,7 +71,8 @@ class ClusterBound:
         self.bias_top_ids = tensors["bias_top_ids"].long() if bias is not None else None  # [C, m], -1 = none
         self.slack = dot_rounding_gamma(weight.shape[1]) * self.max_norms * (1 + 1e-6)  # [C]
         self.first_open = first_open
-        self.max_open_tokens = int(max_open_fraction * weight.shape[0])
+        self.budget_fraction = max_open_fraction
+        self.adaptive_budget = adaptive_budget
 
     def prepare(self, hidden: torch.Tensor) -> ClusterState:
         """Upper bounds [B, C] for a batch of hidden states [B, d]."""
@@ -93,13 +100,30 @@ class ClusterBound:
             upper = upper + noise_max
         return upper  # [C]
 
+    @property
+    def max_open_tokens(self) -> int:
+        return int(self.budget_fraction * self.weight.shape[0])
+
     def open_topk(
         self, state: ClusterState, row: int, k: int, temperature: float, noise: torch.Tensor | None
-    ) -> Opened | None:
+    ) -> Opened:
         """Open clusters in descending bound order, doubling the batch, until top-k is certified.
 
-        Returns None when certification would open more than the budget (the caller falls back).
+        Not certified when certification would open more than the budget (the caller falls back).
         """
+        opened = self._open_topk(state, row, k, temperature, noise)
+        if self.adaptive_budget:
+            self._adapt_budget(fell_back=not opened.certified)
+        return opened
+
+    def _adapt_budget(self, fell_back: bool) -> None:
+        """Seed 000's K_max(t+1) = K_max(t) (1 + alpha (rho_target - rho_fall(t))), alpha 0.01, rho 0.02."""
+        self.budget_fraction *= 1 + _ALPHA * (_TARGET_FALLBACK - float(fell_back))
+        self.budget_fraction = min(1.0, max(1.0 / self.weight.shape[0], self.budget_fraction))
+
+    def _open_topk(
+        self, state: ClusterState, row: int, k: int, temperature: float, noise: torch.Tensor | None
+    ) -> Opened:
         upper = self._scaled_bounds(state, row, temperature, noise)  # [C]
         order = torch.argsort(upper, descending=True)
         hidden = state.hidden[row]
@@ -120,8 +144,8 @@ class ClusterBound:
                 if torch.topk(scores, k).values[-1] >= next_bound:
                     return Opened(ids, logits, certified=True)
             target = min(2 * target, len(order))
-            if ids.numel() + int(self.sizes[order[opened_clusters:target]].sum()) > self.max_open_tokens:
-                return None  # the next batch would exceed the budget: fall back to the full head
+            if int(self.sizes[order[:target]].sum()) > self.max_open_tokens:
+                return Opened(ids, logits, certified=False)  # the next batch would exceed the budget
 
     def _always_open(self) -> torch.Tensor:
         if self.bias_top_ids is None:
