@@ -58,6 +58,9 @@ def main() -> None:
 @click.option("--method", type=click.Choice(["ar", "csv"]), default="csv", show_default=True)
 @click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True,
               help="csv: which certified bound.")
+@click.option("--cluster-budget", type=float, default=0.25, show_default=True,
+              help="csv --bound cluster: largest fraction of the vocabulary to open before falling back.")
+@click.option("--adaptive-budget", is_flag=True, help="csv --bound cluster: adapt the budget as in seed 000.")
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
@@ -65,7 +68,7 @@ def main() -> None:
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @clean_errors
-def generate(artifact, method, bound, prompt, prompt_file, chat, max_new_tokens, model,
+def generate(artifact, method, bound, cluster_budget, adaptive_budget, prompt, prompt_file, chat, max_new_tokens, model,
              temperature, top_k, top_p, epsilon, seed) -> None:
     """Generate text, streaming it, then print speed and certification stats.
 
@@ -82,7 +85,10 @@ def generate(artifact, method, bound, prompt, prompt_file, chat, max_new_tokens,
     if epsilon is not None and method != "csv":
         raise click.UsageError("--epsilon applies to --method csv only")
     session = open_session(artifact, model)
-    head = session.certified_head(bound) if method == "csv" else session.full_head()
+    if method == "csv":
+        head = session.certified_head(bound, max_open_fraction=cluster_budget, adaptive_budget=adaptive_budget)
+    else:
+        head = session.full_head()
     ids = encode_prompt(session.tokenizer, text, chat)
     stream = TextStream(session.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     _, stats = generate_ar(session.target, head, ids, max_new_tokens, params,

@@ -29,14 +29,16 @@ class Session:
     def full_head(self) -> FullHead:
         return FullHead(self.target.head_weight, self.target.head_bias)
 
-    def certified_head(self, bound: str = "screen", max_open_fraction: float = 0.25) -> CertifiedHead:
+    def certified_head(
+        self, bound: str = "screen", max_open_fraction: float = 0.25, adaptive_budget: bool = False
+    ) -> CertifiedHead:
         """CertifiedHead over the artifact's `screen` or `clusters` stage."""
         weight, bias = self.target.head_weight, self.target.head_bias
         if bound == "screen":
             family = ScreenBound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN))
         elif bound == "cluster":
             tensors = self.artifact.read_stage(Stage.CLUSTERS)
-            family = ClusterBound(weight, bias, tensors, max_open_fraction=max_open_fraction)
+            family = ClusterBound(weight, bias, tensors, max_open_fraction=max_open_fraction, adaptive_budget=adaptive_budget)
         else:
             raise ValueError(f"unknown bound {bound!r}; choose one of {', '.join(BOUNDS)}")
         return CertifiedHead(weight, bias, family)
