@@ -86,8 +86,10 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str = "
                progress: bool = True) -> LoadedModel:
     """Resolve `spec`, load model and tokenizer in eval mode, and fingerprint them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     resolved = resolve_model(spec, progress=progress)
+    hf_logging.disable_progress_bar()  # a cached safetensors load takes seconds: no bar needed
     # Load in float32 first so the fingerprint does not depend on `dtype`.
     model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
