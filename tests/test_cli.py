@@ -1,0 +1,200 @@
+"""The `prep` and `runtime` command lines on a tiny random Llama directory (CliRunner, in process)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from prep.cli import main as prep_main
+from runtime.cli import main as runtime_main
+
+STAGE_FILES = ("clusters.safetensors", "screen.safetensors")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep anything load_model caches out of the user's cache."""
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def invoke(command, args: list[str]) -> Result:
+    return CliRunner().invoke(command, [str(a) for a in args])
+
+
+def snapshot(path: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `path`: bytes and modification time, to prove nothing was rewritten."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path)): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+
+
+def assert_clean_error(result: Result, *fragments: str) -> str:
+    """A non-zero exit through click (no traceback) whose `Error:` message is one line naming the fragments."""
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), f"uncaught {result.exception!r}"
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_model_dir: Path, tmp_path_factory) -> Path:
+    """`prep cluster` run once on the tiny model; tests that damage it work on a copy."""
+    out = tmp_path_factory.mktemp("cli") / "art"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
+        result = invoke(prep_main, ["cluster", tiny_model_dir, "-o", out, "--clusters", 8])
+    assert result.exit_code == 0, result.output
+    assert "wrote stages clusters, screen" in result.output
+    return out
+
+
+@pytest.fixture
+def artifact_copy(artifact: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "art"
+    shutil.copytree(artifact, copy)
+    return copy
+
+
+def test_prep_cluster_writes_both_stages(artifact: Path):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"clusters", "screen"}
+    assert manifest["stages"]["clusters"]["params"]["clusters_requested"] == 8
+    assert manifest["model"]["vocab_size"] == 256 and manifest["model"]["hidden_size"] == 64
+    for name in STAGE_FILES:
+        assert (artifact / name).stat().st_size > 0
+
+
+def test_prep_cluster_refuses_to_overwrite_without_force(tiny_model_dir: Path, artifact_copy: Path):
+    before = snapshot(artifact_copy)
+    result = invoke(prep_main, ["cluster", tiny_model_dir, "-o", artifact_copy, "--clusters", 8])
+    assert_clean_error(result, "--force")
+    assert snapshot(artifact_copy) == before
+
+    forced = invoke(prep_main, ["cluster", tiny_model_dir, "-o", artifact_copy, "--clusters", 4, "--force"])
+    assert forced.exit_code == 0, forced.output
+    manifest = json.loads((artifact_copy / "manifest.json").read_text())
+    assert manifest["stages"]["clusters"]["params"]["clusters_requested"] == 4
+
+
+def test_inspect_shows_both_stages(artifact: Path):
+    result = invoke(runtime_main, ["inspect", artifact])
+    assert result.exit_code == 0, result.output
+    assert "[clusters]" in result.output and "[screen]" in result.output
+    assert "stages: clusters, screen" in result.output
+    assert "valid: yes" in result.output and "checksum ok" in result.output
+
+
+def test_inspect_check_model_accepts_the_right_model(artifact: Path):
+    result = invoke(runtime_main, ["inspect", artifact, "--check-model"])
+    assert result.exit_code == 0, result.output
+    assert "valid: yes" in result.output
+
+
+def corrupt(path: Path) -> None:
+    """Flip one byte in the middle of a file (size unchanged: only the checksum can tell)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupted_stage_is_refused(artifact_copy: Path):
+    corrupt(artifact_copy / "screen.safetensors")
+    inspected = invoke(runtime_main, ["inspect", artifact_copy])
+    assert inspected.exit_code != 0
+    assert "valid: no" in inspected.output and "screen" in inspected.output
+    assert "Traceback" not in inspected.output
+
+    generated = invoke(runtime_main, ["generate", artifact_copy, "--method", "csv", "--prompt", "hi",
+                                      "--max-new-tokens", 4])
+    assert_clean_error(generated, "screen", "--force")
+
+
+def test_generate_csv_prints_the_same_text_as_ar(artifact: Path):
+    outputs = {}
+    for method in ("ar", "csv"):
+        result = invoke(runtime_main, ["generate", artifact, "--method", method, "--prompt", "hi",
+                                       "--max-new-tokens", 4])
+        assert result.exit_code == 0, result.output
+        outputs[method] = result.stdout
+        assert f"[{'csv:screen' if method == 'csv' else 'ar'}]" in result.stderr
+    assert outputs["csv"] == outputs["ar"]
+    assert outputs["ar"].strip(), "the tiny model produced no text: the comparison tests nothing"
+
+
+def test_generate_cluster_bound_matches_ar(artifact: Path):
+    outputs = [
+        invoke(runtime_main, ["generate", artifact, *extra, "--prompt", "hi w5 w9", "--max-new-tokens", 4]).stdout
+        for extra in (["--method", "ar"], ["--method", "csv", "--bound", "cluster"])
+    ]
+    assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
+def write_prompts(path: Path, items) -> Path:
+    path.write_text(json.dumps(items))
+    return path
+
+
+def test_bench_writes_json_markdown_and_png(artifact: Path, tmp_path: Path):
+    prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w6"}, {"text": "w7 w8 hi"}])
+    out = tmp_path / "out" / "b.json"
+    result = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "ar,csv:screen,csv:cluster",
+                                   "-n", 2, "--max-new-tokens", 4, "--json", out])
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    rows = {row["method"]: row for row in record["methods"]}
+    assert list(rows) == ["ar", "csv:screen", "csv:cluster"]
+    assert record["setup"]["n"] == 2
+    for name, row in rows.items():
+        for field in ("tokens_per_s", "speedup_vs_ar", "identical_to_greedy", "certification_rate",
+                      "fallback_rate", "recomputed_fraction"):
+            assert field in row, (name, field)
+        assert row["identical_to_greedy"] == 1.0, name
+        assert row["tokens_per_s"] > 0
+    for name in ("csv:screen", "csv:cluster"):
+        row = rows[name]
+        assert 0 <= row["certification_rate"] <= 1 and 0 <= row["fallback_rate"] <= 1
+        assert row["certification_rate"] + row["fallback_rate"] == pytest.approx(1.0)
+    assert rows["ar"]["certification_rate"] in (None, 0.0)  # the full head certifies nothing
+    assert rows["ar"]["speedup_vs_ar"] == 1.0
+    assert rows["ar"]["recomputed_fraction"] == 1.0
+    assert rows["csv:screen"]["certification_rate"] == 1.0
+    markdown = out.with_suffix(".md").read_text()
+    assert "csv:screen" in markdown and "csv:cluster" in markdown and "| method |" in markdown
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("not json", "cannot read prompts"),
+    (json.dumps({"text": "hi"}), "JSON list"),
+    (json.dumps([{"prompt": "hi"}]), "item 0"),
+], ids=["not-json", "not-a-list", "no-text-field"])
+def test_bench_bad_prompts_file_is_a_clean_error(artifact: Path, tmp_path: Path, content: str, fragment: str):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(content)
+    result = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "ar", "-n", 1,
+                                   "--max-new-tokens", 2, "--json", tmp_path / "b.json"])
+    assert_clean_error(result, fragment)
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_bench_unknown_method_is_a_clean_error(artifact: Path, tmp_path: Path):
+    prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi"}])
+    result = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "ar,warp", "-n", 1,
+                                   "--max-new-tokens", 2, "--json", tmp_path / "b.json"])
+    assert_clean_error(result, "unknown method", "warp")
+    bad_bound = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "csv:fast", "-n", 1,
+                                      "--max-new-tokens", 2, "--json", tmp_path / "b.json"])
+    assert_clean_error(bad_bound, "csv:screen")
+
+
+def test_generate_on_a_missing_artifact_is_a_clean_error(tmp_path: Path):
+    result = invoke(runtime_main, ["generate", tmp_path / "nowhere", "--prompt", "hi", "--max-new-tokens", 2])
+    assert_clean_error(result)
