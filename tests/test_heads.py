@@ -193,7 +193,8 @@ def test_gumbel_sampling_converges_to_the_softmax():
     n_max = 100_000
     tokens = certified.select(hidden.expand(n_max, dim).contiguous(), SamplingParams(temperature=temperature),
                               torch.Generator().manual_seed(0))
-    assert certified.stats.certification_rate == 1.0
+    # Gumbel scores closer than float32 rounding (~1e-4 of draws here) defer to the full head.
+    assert certified.stats.certification_rate >= 0.999
     distances = {}
     for n in (1_000, 10_000, 100_000):  # prefixes of one fixed-seed stream = n fixed-seed draws
         empirical = torch.bincount(tokens[:n], minlength=vocab).double() / n
@@ -384,12 +385,8 @@ def test_screen_select_matches_a_torch_computation(temperature: float, with_nois
 # --- known limitation -----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="CertifiedHead recomputes candidate logits as index_select(W) @ h, FullHead as F.linear(h, W): "
-    "different float32 summation orders, so a near-tie (|l_i - l_j| ~ 1e-6) between the top two "
-    "tokens can resolve differently; 'identical tokens' holds only up to that rounding",
-)
+# Different float32 summation orders (gathered rows vs the full GEMV) can split a near-tie between
+# the top two tokens differently; the certified head must then defer to the full head.
 def test_greedy_near_tie_resolves_like_the_full_head():
     vocab, dim = 4096, 64
     gen = torch.Generator().manual_seed(1)

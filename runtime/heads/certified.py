@@ -17,6 +17,7 @@ import torch
 
 from runtime.heads.opened import Opened
 from runtime.heads.sampling import SamplingParams, gumbel_noise, nucleus_size, sample_full
+from runtime.heads.screen_bound import dot_rounding_gamma
 from runtime.stats import HeadStats
 
 # Sizes of the certified top-K set tried for top-p and epsilon modes before falling back.
@@ -32,6 +33,9 @@ class CertifiedHead:
         self.bound = bound  # ScreenBound or ClusterBound
         self.vocab_size = weight.shape[0]
         self.stats = HeadStats(vocab_size=self.vocab_size)
+        # Two float32 evaluations of one logit (ours on gathered rows, the full head's GEMV) differ by at
+        # most 2 gamma |W_i| |h|; a decision closer than that goes to the full head, so both agree.
+        self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * weight.double().norm(dim=1).float()  # [V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full logits [B, V] (used by verifiers that need whole distributions)."""
@@ -45,9 +49,11 @@ class CertifiedHead:
             raise ValueError("epsilon applies to plain temperature sampling; drop --top-k/--top-p or --epsilon")
         state = self.bound.prepare(hidden)
         noise = None if params.greedy else gumbel_noise(hidden.shape[0], self.vocab_size, generator)
+        self._hidden_norms = hidden.double().norm(dim=1)  # [B]
         tokens = []
         for row in range(hidden.shape[0]):
             row_noise = None if noise is None else noise[row]
+            self._row = row
             token, opened = self._select_row(state, row, params, row_noise)
             self.stats.rows += 1
             self.stats.recomputed_tokens += opened
@@ -71,9 +77,11 @@ class CertifiedHead:
         opened = self.bound.open_topk(state, row, 1, params.temperature, noise)
         return self._argmax(opened, params.temperature, noise)
 
-    @staticmethod
-    def _argmax(opened: Opened, temperature: float, noise, keep: torch.Tensor | None = None):
-        """Gumbel-max (or plain argmax) over opened tokens, optionally restricted to positions `keep`."""
+    def _argmax(self, opened: Opened, temperature: float, noise, keep: torch.Tensor | None = None):
+        """Gumbel-max (or plain argmax) over opened tokens, optionally restricted to positions `keep`.
+
+        Returns no token when the winner's margin is within float32 rounding (the caller falls back).
+        """
         if not opened.certified:
             return None, int(opened.ids.numel())
         ids, logits = opened.ids, opened.logits
@@ -82,7 +90,17 @@ class CertifiedHead:
         scores = logits / temperature if noise is not None else logits
         if noise is not None:
             scores = scores + noise[ids]
+        if not self._decisive(scores, ids, temperature if noise is not None else 1.0):
+            return None, int(opened.ids.numel())
         return int(ids[torch.argmax(scores)]), int(opened.ids.numel())
+
+    def _decisive(self, scores: torch.Tensor, ids: torch.Tensor, temperature: float) -> bool:
+        """Whether the best score beats the runner-up by more than float32 rounding could move them."""
+        if scores.numel() < 2:
+            return True
+        top = torch.topk(scores, 2)
+        margin = self.tie_coefficients[ids[top.indices]].sum() * float(self._hidden_norms[self._row]) / temperature
+        return bool(top.values[0] - top.values[1] > margin)
 
     def _top_k(self, state, row: int, params: SamplingParams, noise):
         opened = self.bound.open_topk(state, row, params.top_k, 0.0, None)
