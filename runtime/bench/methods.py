@@ -11,8 +11,11 @@ from typing import Callable
 import torch
 
 from runtime.decode import generate_ar
+from runtime.drafters import LayerDrafter, NgramDrafter
+from runtime.heads import CertifiedHead
 from runtime.heads.sampling import SamplingParams
 from runtime.session import BOUNDS, Session
+from runtime.speculative import generate_speculative
 from runtime.stats import DecodeStats
 
 Decoder = Callable[[torch.Tensor, int, SamplingParams, torch.Generator], tuple[list[int], DecodeStats]]
@@ -42,6 +45,49 @@ def _csv(session: Session, args: list[str]) -> Decoder:
 
 
 METHODS: dict[str, Callable[[Session, list[str]], Decoder]] = {"ar": _ar, "csv": _csv}
+
+
+def _spec_options(args: list[str]) -> tuple[list[str], int, bool, bool]:
+    """Split spec arguments into (drafter arguments, gamma, adaptive, certified target head)."""
+    text = ":".join(args)
+    certified = text.endswith("+csv")
+    parts = [part for part in text.removesuffix("+csv").split(":") if part]
+    gamma, adaptive, drafter_args = 4, False, []
+    for part in parts:
+        if part == "adaptive":
+            adaptive = True
+        elif part.startswith("gamma="):
+            gamma = int(part.removeprefix("gamma="))
+        elif "=" in part:
+            raise ValueError(f"unknown spec option {part!r}; known: gamma=G, adaptive")
+        else:
+            drafter_args.append(part)
+    return drafter_args, gamma, adaptive, certified
+
+
+def _spec(session: Session, args: list[str]) -> Decoder:
+    """spec:DRAFTER[:gamma=G][:adaptive][+csv]: DRAFTER is ngram[:MAX_NGRAM] or layers:N; +csv verifies
+    with the certified (screen) head."""
+    drafter_args, gamma, adaptive, certified = _spec_options(args)
+    head = session.certified_head("screen") if certified else session.full_head()
+    match drafter_args:
+        case ["ngram"]:
+            drafter = NgramDrafter()
+        case ["ngram", n]:
+            drafter = NgramDrafter(max_ngram=int(n))
+        case ["layers", n]:
+            # A head of its own (sharing the bound), so the drafter's rows do not count as the target's.
+            own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
+            drafter = LayerDrafter(session.target, int(n), own)
+        case _:
+            raise ValueError(f"unknown drafter {':'.join(drafter_args)!r}; use spec:ngram, spec:ngram:N or "
+                             "spec:layers:N (options :gamma=G, :adaptive; suffix +csv for the certified target head)")
+    return lambda prompt, n, params, gen: generate_speculative(
+        session.target, head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive
+    )
+
+
+METHODS["spec"] = _spec
 
 
 def build_method(session: Session, spec: str) -> Method:

@@ -1,0 +1,107 @@
+"""Layer-truncated self-drafter: the target's first N decoder layers, its final norm and its head."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from runtime.drafters.base import Proposal, empty_proposal
+from runtime.heads.sampling import SamplingParams
+from runtime.target import TorchCache, TorchTarget
+from runtime.verify import Verdict, sample_from, warp
+
+
+def truncated_decoder(body: torch.nn.Module, layers: int) -> torch.nn.Module:
+    """A shallow copy of a transformers decoder that runs only its first `layers` layers.
+
+    Weights are shared with `body`; the copy gets its own module table and config so that
+    neither the original's layer list nor the cache layout it implies changes.
+    """
+    total = body.config.num_hidden_layers
+    if not 1 <= layers < total:
+        raise ValueError(f"layers:N needs 1 <= N < {total} (the target's layer count), got {layers}")
+    clone = copy.copy(body)
+    # copy.copy shares nn.Module's internal dicts; replace them before assigning anything.
+    clone._modules = dict(body._modules)
+    clone._parameters = dict(body._parameters)
+    clone._buffers = dict(body._buffers)
+    clone.layers = torch.nn.ModuleList(list(body.layers)[:layers])
+    config = copy.deepcopy(body.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:layers]
+    clone.config = config
+    return clone
+
+
+class LayerDrafter:
+    """Drafts with the target's first N layers + final norm + head, keeping its own KV cache.
+
+    Greedy drafts are the head's choices (`head.select`, so a certified head stays cheap); sampled
+    drafts are drawn from the warped draft distribution q, which the proposal carries for exact
+    verification.
+    """
+
+    def __init__(self, target: TorchTarget, layers: int, head) -> None:
+        self.body = truncated_decoder(target.body, layers)
+        self.head = head  # its own instance: the drafter's rows must not count as the target's
+        self.params = SamplingParams()
+        self.generator: torch.Generator | None = None
+        self.cache = TorchCache(self.body.config)
+        self.cached: list[int] = []  # the tokens in self.cache, in order
+        self.context_length = 0  # length of the context the last proposal followed
+
+    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None) -> None:
+        """Fresh cache for a new sequence; the prompt is fed at the first proposal."""
+        self.params, self.generator = params, generator
+        self.cache = TorchCache(self.body.config)
+        self.cached = []
+
+    @torch.inference_mode()
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Append tokens to the cache; the final-normed hidden state [1, d] of the last one."""
+        out = self.body(input_ids=torch.tensor([tokens]), past_key_values=self.cache.inner, use_cache=True)
+        self.cache.length += len(tokens)
+        self.cached.extend(tokens)
+        return out.last_hidden_state[0, -1:]
+
+    def _crop(self, length: int) -> None:
+        if length < self.cache.length:
+            self.cache.inner.crop(length - self.cache.length)  # negative, as TorchTarget.crop (sliding layers)
+            self.cache.length = length
+        del self.cached[length:]
+
+    def _sync(self, context: list[int]) -> list[int]:
+        """Roll the cache back to its longest common prefix with `context`; the tokens still to feed."""
+        common = len(self.cached)
+        if self.cached != context[:common]:
+            mismatches = (i for i, (a, b) in enumerate(zip(self.cached, context)) if a != b)
+            common = next(mismatches, min(len(self.cached), len(context)))
+        # Keep one token unfed: its hidden state is what the first draft comes from.
+        common = min(common, len(context) - 1)
+        self._crop(common)
+        return context[common:]
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        """k tokens drawn one at a time from the truncated model."""
+        self.context_length = len(context)
+        if k <= 0:
+            return empty_proposal()
+        hidden = self.feed(self._sync(context))  # [1, d]
+        tokens, probs = [], []
+        for i in range(k):
+            if self.params.greedy:
+                token = int(self.head.select(hidden, self.params)[0])
+            else:
+                q = warp(self.head.logits(hidden), self.params)[0]  # [V]
+                token = sample_from(q, self.generator)
+                probs.append(q)
+            tokens.append(token)
+            if i < k - 1:
+                hidden = self.feed([token])
+        return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
+
+    def observe(self, verdict: Verdict) -> None:
+        """Drop the cached drafts the verifier rejected."""
+        self._crop(min(len(self.cached), self.context_length + verdict.accepted))

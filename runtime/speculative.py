@@ -1,0 +1,175 @@
+"""Speculative decoding loop: a drafter proposes, the target scores every draft in one forward, a
+verifier keeps what the target would have said, and both KV caches roll back to the kept tokens.
+
+Greedy outputs equal generate_ar's token for token; sampled outputs follow the warped target
+exactly (runtime/verify.py), though not the same random stream as generate_ar's Gumbel sampler.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from runtime.drafters.base import Drafter, Proposal
+from runtime.heads.sampling import SamplingParams
+from runtime.stats import DecodeStats
+from runtime.target import TargetModel
+from runtime.verify import Verdict, verify_exact, verify_greedy, warp
+
+MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
+
+
+@dataclass
+class SpecStats:
+    """What drafting and verification did over one generation."""
+
+    drafts: int = 0  # rounds that drafted at least one token
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)  # [i]: rounds with a draft at position i
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds that accepted position i
+    seconds_draft: float = 0.0  # drafter: propose + observe
+    seconds_verify: float = 0.0  # target forward over the drafts + head + verifier
+
+    def record(self, verdict: Verdict) -> None:
+        """Count one round's drafts and acceptances."""
+        if verdict.drafted == 0:
+            return
+        self.drafts += 1
+        self.drafted += verdict.drafted
+        self.accepted += verdict.accepted
+        grow = verdict.drafted - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position.extend([0] * grow)
+            self.accepted_per_position.extend([0] * grow)
+        for i in range(verdict.drafted):
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position[i] += int(i < verdict.accepted)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens appended per drafting round: 1 + accepted / drafts (vLLM's convention)."""
+        return 1 + self.accepted / self.drafts if self.drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """Fraction of drafts at each position that were accepted."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def summary(self) -> dict:
+        return {
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_per_position": self.acceptance_per_position,
+        }
+
+
+@dataclass
+class SpecDecodeStats(DecodeStats):
+    """DecodeStats plus the speculative counters."""
+
+    spec: SpecStats = field(default_factory=SpecStats)
+
+    def to_json(self) -> dict:
+        data = super().to_json()
+        data["spec"] = {**data["spec"], **self.spec.summary()}
+        return data
+
+
+def verify_round(
+    target: TargetModel,
+    head,
+    cache,
+    last: int,
+    proposal: Proposal,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Score the last accepted token and the drafts in one target forward, then verify the drafts."""
+    hidden = target.forward(torch.cat([torch.tensor([last]), proposal.tokens]), cache)  # [k + 1, d]
+    if params.greedy:
+        # Only each row's choice is needed: a certified head computes exact logits for its candidates only.
+        return verify_greedy(head.select(hidden, params), proposal.tokens)
+    p = warp(head.logits(hidden), params)  # [k + 1, V]
+    return verify_exact(p, proposal.probs, proposal.tokens, generator)
+
+
+def next_gamma(gamma: int, verdict: Verdict) -> int:
+    """Adaptive draft length: one more after a fully accepted draft, one fewer after a rejection."""
+    if verdict.drafted == 0:
+        return gamma
+    return min(gamma + 1, MAX_GAMMA) if verdict.bonus else max(gamma - 1, 1)
+
+
+def generate_speculative(
+    target: TargetModel,
+    head,
+    drafter: Drafter,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    gamma: int = 4,
+    adaptive: bool = False,
+    on_token: Callable[[int], None] | None = None,
+) -> tuple[list[int], SpecDecodeStats]:
+    """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward.
+
+    prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats. The
+    first token comes from the prefill as in generate_ar, so prefill timings compare across methods.
+    """
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+    stats = SpecDecodeStats(prompt_tokens=prompt.numel())
+    head_before = replace(head.stats)
+    started = time.perf_counter()
+    cache = target.new_cache()
+    hidden = target.forward(prompt, cache)[-1:]  # [1, d]
+    stats.forwards += 1
+    context = prompt.tolist()
+    tokens: list[int] = []
+
+    def emit(new: list[int]) -> bool:
+        """Append tokens until EOS or the token limit; True when generation is over."""
+        for token in new:
+            tokens.append(token)
+            context.append(token)
+            if on_token is not None:
+                on_token(token)
+            if token in target.eos_token_ids or len(tokens) == max_new_tokens:
+                return True
+        return False
+
+    finished = max_new_tokens <= 0 or emit([int(head.select(hidden, params, generator)[0])])
+    stats.seconds_prefill = time.perf_counter() - started
+    drafter.reset(prompt.tolist(), params, generator)
+    while not finished:
+        # The cache holds context[:-1]; the last token is fed with the drafts.
+        k = min(gamma, max_new_tokens - len(tokens) - 1)
+        t0 = time.perf_counter()
+        proposal = drafter.propose(context, k)
+        t1 = time.perf_counter()
+        verdict = verify_round(target, head, cache, context[-1], proposal, params, generator)
+        target.crop(cache, len(context) + verdict.accepted)
+        t2 = time.perf_counter()
+        drafter.observe(verdict)
+        stats.forwards += 1
+        stats.spec.seconds_draft += (t1 - t0) + (time.perf_counter() - t2)
+        stats.spec.seconds_verify += t2 - t1
+        stats.spec.record(verdict)
+        if adaptive:
+            gamma = next_gamma(gamma, verdict)
+        finished = emit(verdict.tokens)
+    stats.seconds_total = time.perf_counter() - started
+    stats.new_tokens = len(tokens)
+    stats.head = head.stats.since(head_before)
+    return tokens, stats

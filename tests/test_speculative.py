@@ -1,0 +1,306 @@
+"""Speculative decoding loop and drafters on a tiny random Llama: greedy identity with generate_ar,
+EOS and token limits at any position, KV-cache rollback, the certified head as verifier head, and
+sampling exactness of the whole loop on a mock Markov target.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prep.screen import build_screen
+from runtime.bench.methods import _spec_options
+from runtime.decode import generate_ar
+from runtime.drafters import LayerDrafter, NgramDrafter, Proposal
+from runtime.drafters.layers import truncated_decoder
+from runtime.heads import CertifiedHead, FullHead, SamplingParams, ScreenBound
+from runtime.speculative import generate_speculative, next_gamma
+from runtime.target import TorchTarget
+from runtime.verify import Verdict, sample_from, warp
+
+NEW_TOKENS = 24
+PROMPTS = {
+    "repetitive": [5, 6, 7, 8] * 5,
+    "counting": list(range(10, 30)),
+    "one-token": [3],
+    "random": [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> torch.nn.Module:
+    """A random 2-layer Llama (vocab 256, hidden 64); random models fall into loops n-grams can draft."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+        bos_token_id=2, eos_token_id=1,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model) -> TorchTarget:
+    return TorchTarget(tiny_model, set())  # no EOS: every run produces its full token budget
+
+
+def full_head(target: TorchTarget) -> FullHead:
+    return FullHead(target.head_weight, target.head_bias)
+
+
+def certified_head(target: TorchTarget) -> CertifiedHead:
+    tensors, _ = build_screen(target.head_weight, group_size=0, progress=False)
+    bound = ScreenBound.from_stage(target.head_weight, target.head_bias, tensors)
+    return CertifiedHead(target.head_weight, target.head_bias, bound)
+
+
+def make_drafter(spec: str, target: TorchTarget):
+    if spec == "ngram":
+        return NgramDrafter()
+    return LayerDrafter(target, int(spec.split(":")[1]), full_head(target))
+
+
+def ar_tokens(target: TorchTarget, prompt: list[int], n: int = NEW_TOKENS) -> list[int]:
+    return generate_ar(target, full_head(target), torch.tensor(prompt), n)[0]
+
+
+# --- greedy identity ------------------------------------------------------------------------
+
+LOOPS = {
+    "ngram": ("ngram", 4, False),
+    "ngram-gamma1": ("ngram", 1, False),
+    "ngram-adaptive": ("ngram", 2, True),
+    "layers1": ("layers:1", 4, False),
+    "layers1-adaptive": ("layers:1", 3, True),
+}
+
+
+@pytest.mark.parametrize("drafter, gamma, adaptive", LOOPS.values(), ids=LOOPS.keys())
+def test_greedy_equals_generate_ar(target, drafter, gamma, adaptive):
+    accepted = 0
+    for name, prompt in PROMPTS.items():
+        tokens, stats = generate_speculative(
+            target, full_head(target), make_drafter(drafter, target), torch.tensor(prompt), NEW_TOKENS,
+            gamma=gamma, adaptive=adaptive,
+        )
+        assert tokens == ar_tokens(target, prompt), name
+        assert stats.new_tokens == NEW_TOKENS and stats.forwards <= NEW_TOKENS
+        assert stats.spec.accepted <= stats.spec.drafted <= stats.spec.drafts * 8
+        accepted += stats.spec.accepted
+    assert accepted > 0, "no draft was ever accepted: the loop never exercised multi-token appends"
+
+
+def test_ngram_drafts_cut_target_forwards_on_repetitive_text(target):
+    _, stats = generate_speculative(target, full_head(target), NgramDrafter(), torch.tensor(PROMPTS["repetitive"]), 40)
+    assert stats.forwards < 25  # 40 tokens, ~2 per forward
+    assert stats.spec.mean_accepted_length > 1.8
+    assert stats.to_json()["spec"]["mean_accepted_length"] == stats.spec.mean_accepted_length
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "layers:1"])
+def test_certified_target_head_keeps_greedy_identical(target, drafter):
+    head = certified_head(target)
+    for name, prompt in PROMPTS.items():
+        draft = make_drafter(drafter, target)
+        tokens, stats = generate_speculative(target, head, draft, torch.tensor(prompt), NEW_TOKENS)
+        assert tokens == ar_tokens(target, prompt), name
+        assert stats.head.rows >= stats.forwards - 1 and stats.head.certified > 0
+
+
+def test_eos_at_any_position(tiny_model, target):
+    """Every token of a run, taken as the EOS, must end speculative and plain decoding at the same place
+    (as an accepted draft, a recovered token or a bonus token)."""
+    prompt = torch.tensor(PROMPTS["repetitive"])
+    reference = ar_tokens(target, PROMPTS["repetitive"], 30)
+    for eos in sorted(set(reference)):
+        stopping = TorchTarget(tiny_model, {eos})
+        expected = reference[: reference.index(eos) + 1]
+        for drafter in (NgramDrafter(), make_drafter("layers:1", stopping)):
+            tokens, _ = generate_speculative(stopping, full_head(stopping), drafter, prompt, 30)
+            assert tokens == expected, (eos, type(drafter).__name__)
+
+
+def test_token_limit_at_any_position(target):
+    prompt = PROMPTS["counting"]
+    reference = ar_tokens(target, prompt, 12)
+    for n in range(0, 13):
+        tokens, stats = generate_speculative(target, full_head(target), NgramDrafter(), torch.tensor(prompt), n)
+        assert tokens == reference[:n] and stats.new_tokens == n
+
+
+# --- rollback -------------------------------------------------------------------------------
+
+
+class RecordingTarget:
+    """Delegates to a target and keeps the caches it hands out, so a test can inspect them afterwards."""
+
+    def __init__(self, target: TorchTarget) -> None:
+        self.target = target
+        self.caches = []
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def new_cache(self):
+        cache = self.target.new_cache()
+        self.caches.append(cache)
+        return cache
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "layers:1"])
+# The tiny model's logits spread ~0.2, so only a low temperature lets sampled n-gram drafts pass.
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(temperature=0.05, top_k=20)], ids=["greedy", "sampled"]
+)
+def test_rollback_keeps_caches_consistent(target, drafter, params):
+    """After partial acceptances both caches hold exactly the kept tokens: the incremental hidden
+    state of the next token equals a fresh forward over everything."""
+    prompt = PROMPTS["random"]
+    recording, draft = RecordingTarget(target), make_drafter(drafter, target)
+    gen = torch.Generator().manual_seed(0)
+    tokens, stats = generate_speculative(recording, full_head(target), draft, torch.tensor(prompt), 40, params, gen)
+    assert 0 < stats.spec.accepted < stats.spec.drafted, "the run must include partial acceptances"
+    context = prompt + tokens
+    cache = recording.caches[0]
+    assert len(cache) == cache.inner.get_seq_length() == len(context) - 1
+    incremental = target.forward(torch.tensor(context[-1:]), cache)[-1]
+    fresh = target.forward(torch.tensor(context), target.new_cache())[-1]
+    assert torch.allclose(incremental, fresh, atol=1e-4)
+    if isinstance(draft, LayerDrafter):
+        assert draft.cached == context[: len(draft.cached)]
+        assert len(draft.cache) == draft.cache.inner.get_seq_length() == len(draft.cached)
+        draft.propose(context, 1)  # brings its cache to exactly the context
+        incremental = draft.feed([7])[-1]
+        with torch.inference_mode():
+            fresh = draft.body(input_ids=torch.tensor([context + [7]])).last_hidden_state[0, -1]
+        assert torch.allclose(incremental, fresh, atol=1e-4)
+
+
+def test_sampled_generation_is_reproducible(target):
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    runs = [
+        generate_speculative(target, full_head(target), make_drafter("layers:1", target),
+                             torch.tensor(PROMPTS["random"]), 16, params, torch.Generator().manual_seed(4))[0]
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and len(runs[0]) == 16
+
+
+# --- drafters -------------------------------------------------------------------------------
+
+
+def test_layer_drafter_shares_weights_and_leaves_the_target_intact(target):
+    body = truncated_decoder(target.body, 1)
+    assert len(body.layers) == 1 and body.config.num_hidden_layers == 1
+    assert len(target.body.layers) == 2 and target.body.config.num_hidden_layers == 2
+    assert body.layers[0].mlp.up_proj.weight.data_ptr() == target.body.layers[0].mlp.up_proj.weight.data_ptr()
+    assert body.norm is target.body.norm and body.embed_tokens is target.body.embed_tokens
+    with pytest.raises(ValueError, match="layers:N"):
+        truncated_decoder(target.body, 2)
+
+
+def test_ngram_drafter_prefers_the_longest_most_recent_match():
+    drafter = NgramDrafter(max_ngram=3, max_draft=3)
+    # "1 2 3" occurred twice; the latest occurrence continues with 7 8 9.
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 2, 3, 7, 8, 9, 0, 2, 3], 8).tokens.tolist() == [7, 8, 9]
+    # Only the 1-gram "3" matches (its latest occurrence is followed by 6).
+    assert drafter.propose([3, 5, 3, 6, 3], 4).tokens.tolist() == [6, 3]
+    assert drafter.propose([1, 2, 3], 4).tokens.numel() == 0
+    assert drafter.propose([1, 2, 1, 2], 0).tokens.numel() == 0
+    assert NgramDrafter(max_ngram=2, min_ngram=2).propose([3, 5, 3, 6, 3], 4).tokens.numel() == 0
+
+
+@pytest.mark.parametrize(
+    "args, parsed",
+    [
+        (["ngram"], (["ngram"], 4, False, False)),
+        (["ngram+csv"], (["ngram"], 4, False, True)),
+        (["layers", "2+csv"], (["layers", "2"], 4, False, True)),
+        (["layers", "2", "gamma=6", "adaptive+csv"], (["layers", "2"], 6, True, True)),
+    ],
+)
+def test_bench_spec_arguments(args, parsed):
+    assert _spec_options(args) == parsed
+
+
+def test_adaptive_gamma_steps_and_bounds():
+    assert next_gamma(4, Verdict(4, 4, [0] * 5)) == 5
+    assert next_gamma(4, Verdict(4, 1, [0] * 2)) == 3
+    assert next_gamma(8, Verdict(8, 8, [0] * 9)) == 8
+    assert next_gamma(1, Verdict(1, 0, [0])) == 1
+    assert next_gamma(3, Verdict(0, 0, [0])) == 3  # nothing drafted: nothing learned
+
+
+# --- sampling exactness of the loop, on a mock Markov target --------------------------------
+
+V = 12
+
+
+class MarkovTarget:
+    """A TargetModel whose hidden state is the one-hot token, so a head with weight L^T gives the
+    logits row L[token]: the next-token law depends on the previous token only and is known exactly."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.head_weight = logits.T.contiguous()  # [V, V]
+        self.head_bias = None
+        self.vocab_size = self.hidden_size = logits.shape[0]
+        self.eos_token_ids = frozenset()
+
+    def new_cache(self) -> list[int]:
+        return []
+
+    def forward(self, tokens: torch.Tensor, cache: list[int]) -> torch.Tensor:
+        cache.extend(tokens.tolist())
+        return torch.nn.functional.one_hot(tokens, self.vocab_size).float()  # [T, V]
+
+    def crop(self, cache: list[int], length: int) -> None:
+        del cache[length:]
+
+
+class MarkovDrafter:
+    """Drafts from another Markov chain, sampled (with q) or as its argmax chain (point masses)."""
+
+    def __init__(self, logits: torch.Tensor, point_mass: bool) -> None:
+        self.logits, self.point_mass = logits, point_mass
+
+    def reset(self, prompt, params, generator) -> None:
+        self.q, self.generator = warp(self.logits, params), generator
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        tokens = [context[-1]]
+        for _ in range(k):
+            row = self.logits[tokens[-1]] if self.point_mass else self.q[tokens[-1]]
+            tokens.append(int(row.argmax()) if self.point_mass else sample_from(row, self.generator))
+        probs = None if self.point_mass else self.q[torch.tensor(tokens[:-1], dtype=torch.long)]
+        return Proposal(torch.tensor(tokens[1:], dtype=torch.long), probs)
+
+    def observe(self, verdict) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "params, point_mass, gamma",
+    [(SamplingParams(temperature=0.8, top_k=6, top_p=0.9), False, 3), (SamplingParams(temperature=1.0), True, 2)],
+    ids=["top-k+top-p", "point-mass"],
+)
+def test_sampled_loop_follows_the_target(params, point_mass, gamma):
+    """Tokens 1..3 of generate_speculative follow rows of P, P^2, P^3 (P = warped target chain)
+    within sampling error."""
+    gen = torch.Generator().manual_seed(0)
+    target_logits = torch.randn(V, V, generator=gen) * 2
+    draft_logits = target_logits + torch.randn(V, V, generator=gen)
+    target, drafter = MarkovTarget(target_logits), MarkovDrafter(draft_logits, point_mass)
+    head, n, start = FullHead(target.head_weight), 2000, 0
+    samples = torch.tensor([
+        generate_speculative(target, head, drafter, torch.tensor([start]), 3, params, gen, gamma=gamma)[0]
+        for _ in range(n)
+    ])  # [n, 3]
+    P = warp(target_logits, params)
+    law = P[start]
+    for position in range(3):
+        empirical = torch.bincount(samples[:, position], minlength=V).double() / n
+        distance = 0.5 * float((empirical - law.double()).abs().sum())
+        assert distance < float((law.double() * (1 - law.double()) / n).sqrt().sum()), position
+        law = law @ P
