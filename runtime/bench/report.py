@@ -16,6 +16,8 @@ COLUMNS = [
     ("fallback_rate", "fallback", "{:.1%}"),
     ("recomputed_fraction", "recomputed", "{:.4%}"),
     ("required_open_fraction", "needed to certify", "{:.1%}"),
+    ("mean_accepted_length", "mean accepted length", "{:.2f}"),
+    ("acceptance_rate", "acceptance", "{:.1%}"),
 ]
 
 
@@ -70,6 +72,7 @@ def plot(record: dict, png_path: Path) -> None:
         if row.get("speedup_vs_ar") is not None:
             ax.annotate(f"{row['speedup_vs_ar']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom")
+    ax.margins(y=0.15)  # room for the speedup labels under the title
     ax.set_ylabel("tokens / s (decode)")
     ax.set_title(f"{record['setup'].get('model', '')}: {record['setup'].get('prompts', '')}", fontsize=10)
     fig.tight_layout()

@@ -80,10 +80,24 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
             "certification_rate": head.certification_rate if certifies else None,
             "fallback_rate": head.fallback_rate if certifies else None,
             "recomputed_fraction": head.recomputed_fraction,
-            "required_open_fraction": head.required_open_fraction if head.fallbacks else None,
+            # Only the cluster bound reports what certification would have needed.
+            "required_open_fraction": head.required_open_fraction if head.required_open_tokens else None,
+            **_speculative_fields(result),
         }
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
     return rows
+
+
+def _speculative_fields(result: MethodResult) -> dict:
+    """mean_accepted_length and acceptance_rate over all prompts, for methods that draft."""
+    specs = [run.spec for run in result.runs if hasattr(run, "spec")]
+    if not specs:
+        return {}
+    drafts, drafted, accepted = (sum(getattr(s, f) for s in specs) for f in ("drafts", "drafted", "accepted"))
+    return {
+        "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+    }
 
 
 def _identical_fraction(result: MethodResult, reference: MethodResult | None) -> float | None:
