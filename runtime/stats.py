@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
-_COUNTERS = ("rows", "certified", "fallbacks", "recomputed_tokens", "required_open_tokens")
+_COUNTERS = ("rows", "certified", "fallbacks", "near_ties", "recomputed_tokens", "required_open_tokens")
 
 
 @dataclass
@@ -16,6 +16,7 @@ class HeadStats:
     rows: int = 0
     certified: int = 0
     fallbacks: int = 0
+    near_ties: int = 0  # fallbacks where the bound certified but the decision was within float32 rounding
     recomputed_tokens: int = 0  # exact logits computed (candidates, opened clusters or full head)
     required_open_tokens: int = 0  # cluster bound: tokens that certification would need to open
 
@@ -54,6 +55,7 @@ class HeadStats:
         return {
             "certification_rate": self.certification_rate,
             "fallback_rate": self.fallback_rate,
+            "near_tie_rate": self.near_ties / self.rows if self.rows else 0.0,
             "recomputed_fraction": self.recomputed_fraction,
             "required_open_fraction": self.required_open_fraction,
         }

@@ -125,8 +125,10 @@ def test_screen_greedy_decoding_is_identical_to_full_greedy(gemma_session, encod
     for prompt, expected in zip(encoded_prompts, full_greedy):
         tokens, stats = generate_ar(gemma_session.target, head, prompt, GREEDY_TOKENS)
         assert tokens == expected
-        assert stats.head.certification_rate == 1.0 and stats.head.fallbacks == 0
-        assert stats.head.recomputed_fraction < 0.01
+        # Every fallback is a near-tie deferral (decision within float32 rounding), never a bound failure.
+        assert stats.head.fallbacks == stats.head.near_ties <= 0.05 * stats.head.rows
+        certified_rows_opened = stats.head.recomputed_tokens - stats.head.fallbacks * stats.head.vocab_size
+        assert certified_rows_opened < 0.01 * stats.head.rows * stats.head.vocab_size
     assert sum(len(t) for t in full_greedy) >= 3 * GREEDY_TOKENS  # most prompts ran the full 64 tokens
 
 
@@ -148,4 +150,4 @@ def test_screen_sampling_picks_the_full_heads_tokens(gemma_session, encoded_prom
     for name, head in (("full", gemma_session.full_head()), ("csv", gemma_session.certified_head("screen"))):
         runs[name] = generate_ar(gemma_session.target, head, prompt, 16, params, torch.Generator().manual_seed(5))
     assert runs["csv"][0] == runs["full"][0]
-    assert runs["csv"][1].head.fallbacks == 0
+    assert runs["csv"][1].head.fallbacks == runs["csv"][1].head.near_ties

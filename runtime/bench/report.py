@@ -14,10 +14,12 @@ COLUMNS = [
     ("identical_to_greedy", "identical to greedy", "{:.0%}"),
     ("certification_rate", "certified", "{:.1%}"),
     ("fallback_rate", "fallback", "{:.1%}"),
+    ("near_tie_rate", "of which near-ties", "{:.1%}"),
     ("recomputed_fraction", "recomputed", "{:.4%}"),
     ("required_open_fraction", "needed to certify", "{:.1%}"),
     ("mean_accepted_length", "mean accepted length", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.1%}"),
+    ("shortlist_fraction", "shortlist", "{:.1%}"),
 ]
 
 

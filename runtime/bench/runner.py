@@ -79,10 +79,12 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
             "new_tokens": sum(run.new_tokens for run in result.runs),
             "certification_rate": head.certification_rate if certifies else None,
             "fallback_rate": head.fallback_rate if certifies else None,
+            "near_tie_rate": head.near_ties / head.rows if certifies and head.rows else None,
             "recomputed_fraction": head.recomputed_fraction,
             # Only the cluster bound reports what certification would have needed.
             "required_open_fraction": head.required_open_fraction if head.required_open_tokens else None,
             **_speculative_fields(result),
+            "shortlist_fraction": _shortlist_fraction(result),
         }
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
     return rows
@@ -98,6 +100,17 @@ def _speculative_fields(result: MethodResult) -> dict:
         "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
     }
+
+
+def _shortlist_fraction(result: MethodResult) -> float | None:
+    """Mean drafter shortlist size over V (shortlisted drafters only: dynaspec, frspec)."""
+    heads = [run.shortlist for run in result.runs if hasattr(run, "shortlist")]
+    if not heads:
+        return None
+    total = HeadStats()
+    for head in heads:
+        total.add(head)
+    return total.recomputed_fraction
 
 
 def _identical_fraction(result: MethodResult, reference: MethodResult | None) -> float | None:

@@ -91,6 +91,7 @@ class CertifiedHead:
         if noise is not None:
             scores = scores + noise[ids]
         if not self._decisive(scores, ids, temperature if noise is not None else 1.0):
+            self.stats.near_ties += 1
             return None, int(opened.ids.numel())
         return int(ids[torch.argmax(scores)]), int(opened.ids.numel())
 
