@@ -108,6 +108,81 @@ def all_stages(model: str, out: str, force: bool) -> None:
     click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
 
 
+@main.command("traces")
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("--corpus", default="sharegpt", show_default=True, help="sharegpt, humaneval, or a JSON file of {\"text\": ...} objects.")
+@click.option("-o", "--out", required=True, help="Traces directory to create or complete.")
+@click.option("--max-tokens", type=int, default=200_000, show_default=True, help="Total token budget.")
+@click.option("--shard-tokens", type=int, default=16_384, show_default=True, help="Tokens per shard (the resume unit).")
+@click.option("--max-tokens-per-text", type=int, default=512, show_default=True)
+@click.option("--drafter-layers", default="", help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 6 or 4,6.")
+@clean_errors
+def traces(model: str, corpus: str, out: str, max_tokens: int, shard_tokens: int, max_tokens_per_text: int, drafter_layers: str) -> None:
+    """Run the target teacher-forced over a corpus and write trace shards (resumable).
+
+    \b
+    prep traces gemma3-270m --corpus sharegpt -o traces/g270 --drafter-layers 6
+    prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000
+    """
+    from prep.traces import build_traces
+    from runtime.models import load_model
+    from runtime.target import TorchTarget, eos_ids
+
+    layers = [int(n) for n in drafter_layers.split(",") if n.strip()] if drafter_layers else []
+    if max_tokens < 1 or shard_tokens < 1 or max_tokens_per_text < 2:
+        raise click.BadParameter("token counts must be positive (at least 2 tokens per text)")
+    loaded = load_model(model)
+    target = TorchTarget(loaded.model, eos_ids(loaded.model, loaded.tokenizer))
+    index = build_traces(target, loaded.tokenizer, loaded.info.name, corpus, out, max_tokens, shard_tokens,
+                         max_tokens_per_text, tuple(layers))
+    tokens = sum(e["tokens"] for e in index["shards"])
+    click.echo(f"{out}: {len(index['shards'])} shards, {tokens} tokens")
+
+
+@main.command("train-router")
+@click.argument("artifact")
+@click.option("--traces", "traces_dir", required=True, help="Traces directory written by prep traces.")
+@click.option("--clusters", type=int, default=256, show_default=True, help="Token clusters M (spherical k-means of the head rows).")
+@click.option("--hidden", default=None, help="Router hidden input: final or layers:N (default: the traces' only drafter depth, else final).")
+@click.option("--width", type=int, default=512, show_default=True, help="Router MLP width.")
+@click.option("--max-steps", type=int, default=2000, show_default=True)
+@click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--devices", default="auto", show_default=True, help="Lightning devices (e.g. 1, 4, auto).")
+@click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator (cpu, gpu, auto).")
+@click.option("--precision", default="32-true", show_default=True, help="Lightning precision (32-true, bf16-mixed, ...).")
+@click.option("--strategy", default="auto", show_default=True, help="Lightning strategy (auto, ddp, ...).")
+@click.option("--num-nodes", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: TRACES/router-train).")
+@click.option("--force", is_flag=True, help="Overwrite an existing router stage.")
+@clean_errors
+def train_router_command(artifact: str, traces_dir: str, clusters: int, hidden, width: int, max_steps: int, batch_size: int,
+                         lr: float, devices: str, accelerator: str, precision: str, strategy: str, num_nodes: int,
+                         seed: int, work_dir, force: bool) -> None:
+    """Train the DynaSpec router on traces (Lightning) and export stage `router` (safetensors + ONNX).
+
+    \b
+    prep train-router art/g270 --traces traces/g270
+    prep train-router art/g270 --traces traces/g270 --devices 4 --strategy ddp --precision bf16-mixed
+    """
+    from pathlib import Path
+
+    from prep.router_train import train_router
+    from runtime.session import open_session
+
+    session = open_session(artifact)
+    flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
+             "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
+    params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters, hidden, width,
+                          max_steps, batch_size, lr, seed, trainer_flags=flags, force=force)
+    recall = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/recall@")}
+    sizes = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/shortlist@")}
+    for k in recall:
+        click.echo(f"k={k}: recall {recall[k]:.3f} at shortlist {sizes[k]:.2%} of the vocabulary")
+    click.echo(f"wrote stage router to {artifact} ({params['steps']} steps, {params['seconds']} s)")
+
+
 def parse_group_size(value) -> int | None:
     """'auto' -> None (measure), 'row' -> 0 (per-row scales), else a positive integer."""
     if value in ("auto", None):

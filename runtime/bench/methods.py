@@ -96,3 +96,58 @@ def build_method(session: Session, spec: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {spec!r}; known: {', '.join(sorted(METHODS))} (e.g. ar,csv:screen,csv:cluster)")
     return Method(spec.strip(), METHODS[name](session, args))
+
+
+def _shortlist_options(args: list[str], known: tuple[str, ...]) -> tuple[int, dict[str, str], list[str]]:
+    """Split 'layers:N[:key=value...]' (DynaSpec, FR-Spec) into N, the known options and the rest."""
+    if len(args) < 2 or args[0] != "layers" or not args[1].isdigit():
+        raise ValueError("shortlist methods take a layers:N drafter, e.g. dynaspec:layers:6 or frspec:layers:6:26214")
+    options, rest = {}, []
+    for part in args[2:]:
+        key, _, value = part.partition("=")
+        if value and key in known:
+            options[key] = value
+        else:
+            rest.append(part)
+    return int(args[1]), options, rest
+
+
+def _dynaspec(session: Session, args: list[str]) -> Decoder:
+    """dynaspec:layers:N[:k=K][:schedule=fixed|position][:router=onnx|torch][:gamma=G][:adaptive]: the
+    layers:N drafter with a router-chosen shortlist head (K clusters, default 16), full verification."""
+    from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage, with_shortlist_stats
+
+    layers, options, rest = _shortlist_options(args, ("k", "schedule", "router"))
+    drafter_args, gamma, adaptive, certified = _spec_options(rest)
+    if certified or drafter_args:
+        raise ValueError(f"dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, gamma=G, adaptive; got {':'.join(args)}")
+    stage = RouterStage.load(session.artifact)
+    stage.check_hidden(layers)
+    head = stage.cluster_head(session.target)
+    drafter = RoutedLayerDrafter(session.target, layers, head, stage.runner(options.get("router", "onnx")),
+                                 int(options.get("k", 16)), options.get("schedule", "fixed"))
+    target_head = session.full_head()
+    return with_shortlist_stats(lambda prompt, n, params, gen: generate_speculative(
+        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive), head)
+
+
+def _frspec(session: Session, args: list[str]) -> Decoder:
+    """frspec:layers:N:TOKENS[:gamma=G][:adaptive]: the layers:N drafter whose head scores only the
+    TOKENS most frequent next tokens of the router's training traces (FR-Spec), full verification."""
+    from runtime.drafters.dynaspec import RouterStage, with_shortlist_stats
+
+    layers, _, rest = _shortlist_options(args, ())
+    if not rest or not rest[0].isdigit():
+        raise ValueError("frspec needs a shortlist size: frspec:layers:N:TOKENS, e.g. frspec:layers:6:26214")
+    drafter_args, gamma, adaptive, certified = _spec_options(rest[1:])
+    if certified or drafter_args:
+        raise ValueError(f"frspec options are gamma=G and adaptive; got {':'.join(args)}")
+    head = RouterStage.load(session.artifact).frequent_head(session.target, int(rest[0]))
+    drafter = LayerDrafter(session.target, layers, head)
+    target_head = session.full_head()
+    return with_shortlist_stats(lambda prompt, n, params, gen: generate_speculative(
+        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive), head)
+
+
+METHODS["dynaspec"] = _dynaspec
+METHODS["frspec"] = _frspec

@@ -1,0 +1,200 @@
+"""`prep train-router`: train the DynaSpec router (runtime.router.Router) with Lightning on traces.
+
+Target per position t: the cluster of the target's top-1 next token, from E(x_t) and h_{t-1}
+(zeros at a text's first position). Validation reports recall@k (the fraction of positions whose
+target top-1 lies in the shortlist of the top-k clusters plus the always-kept ids) beside the
+mean shortlist size over V. The result is stage `router`: the weights, the cluster labels, the
+always-kept ids and the next-token counts as safetensors, and the router as an ONNX graph.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+from artifacts import StageExists
+from artifacts.format import Stage
+from prep.cluster import _compact, spherical_kmeans
+from prep.traces import SPLITS, load_traces, read_index
+from runtime.router import ONNX_FILE, Router, export_onnx
+
+RECALL_KS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def hidden_key(hidden: str) -> str:
+    """Trace tensor holding the router's hidden input: 'final' or 'layers:N'."""
+    if hidden == "final":
+        return "hidden"
+    kind, _, n = hidden.partition(":")
+    if kind != "layers" or not n.isdigit():
+        raise ValueError(f"--hidden must be 'final' or 'layers:N', got {hidden!r}")
+    return f"hidden_layers_{n}"
+
+
+def default_hidden(index: dict) -> str:
+    """layers:N when the traces hold exactly one drafter depth N, else the final hidden state."""
+    layers = index.get("drafter_layers") or []
+    return f"layers:{layers[0]}" if len(layers) == 1 else "final"
+
+
+class RouterModule(L.LightningModule):
+    """Cross-entropy on the cluster of the target's top-1; recall@k against the shortlist size."""
+
+    def __init__(self, router: Router, embedding: torch.Tensor, cluster_sizes: torch.Tensor, always: int, lr: float = 1e-3):
+        super().__init__()
+        self.router = router
+        self.lr = lr
+        self.register_buffer("embedding", embedding, persistent=False)  # [V, d_e], frozen
+        self.register_buffer("cluster_sizes", cluster_sizes.float(), persistent=False)  # [M]
+        self.always, self.vocab_size = always, embedding.shape[0]
+
+    def scores(self, ids: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        return self.router(self.embedding[ids.long()].float(), previous.float())  # [B, M]
+
+    def training_step(self, batch, batch_idx):
+        ids, previous, label = batch
+        loss = torch.nn.functional.cross_entropy(self.scores(ids, previous), label)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        ids, previous, label = batch
+        scores = self.scores(ids, previous)
+        n = len(label)
+        self.log("val/loss", torch.nn.functional.cross_entropy(scores, label), batch_size=n, prog_bar=True)
+        ranked = scores.topk(min(max(RECALL_KS), scores.shape[1]), dim=1).indices  # [B, K]
+        for k in RECALL_KS:
+            if k > scores.shape[1]:
+                break
+            top = ranked[:, :k]
+            hit = (top == label[:, None]).any(dim=1).float().mean()
+            size = (self.cluster_sizes[top].sum(dim=1) + self.always).mean() / self.vocab_size
+            self.log(f"val/recall@{k}", hit, batch_size=n)
+            self.log(f"val/shortlist@{k}", size, batch_size=n)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.router.parameters(), lr=self.lr, weight_decay=0.01)
+
+
+class TraceDataModule(L.LightningDataModule):
+    """(input id, previous hidden state, cluster of the target's top-1) rows of the train / validation splits."""
+
+    def __init__(self, traces: str | Path, key: str, labels: torch.Tensor, batch_size: int = 256, workers: int = 0):
+        super().__init__()
+        self.traces, self.key, self.labels = traces, key, labels
+        self.batch_size, self.workers = batch_size, workers
+        self.splits: dict[str, TensorDataset] = {}
+        self.token_counts: torch.Tensor | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        _, t = load_traces(self.traces, ["input_ids", "position", "top1", "next_token", "split", self.key])
+        hidden = t[self.key]
+        previous = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
+        previous[t["position"] == 0] = 0  # a text's first position has no previous state
+        label = self.labels[t["top1"].long()]
+        for name in ("train", "validation"):
+            rows = t["split"] == SPLITS.index(name)
+            if not rows.any():
+                raise ValueError(f"the traces at {self.traces} have no {name} rows; trace more text (--max-tokens)")
+            self.splits[name] = TensorDataset(t["input_ids"][rows], previous[rows], label[rows])
+        train_next = t["next_token"][(t["split"] == SPLITS.index("train")) & (t["next_token"] >= 0)].long()
+        self.token_counts = torch.bincount(train_next, minlength=len(self.labels))
+
+    def train_dataloader(self):
+        return DataLoader(self.splits["train"], batch_size=self.batch_size, shuffle=True, num_workers=self.workers)
+
+    def val_dataloader(self):
+        return DataLoader(self.splits["validation"], batch_size=4096, num_workers=self.workers)
+
+
+def router_clusters(weight: torch.Tensor, clusters: int, iterations: int, seed: int, progress: bool) -> torch.Tensor:
+    """Cluster label [V] per token: faiss spherical k-means of the LM-head rows (compacted to 0..M-1)."""
+    if not 1 <= clusters <= weight.shape[0]:
+        raise ValueError(f"--clusters must be between 1 and the vocabulary size {weight.shape[0]}")
+    return _compact(spherical_kmeans(weight, clusters, iterations, seed, progress))
+
+
+def train_router(
+    session,
+    traces: str | Path,
+    work_dir: str | Path,
+    clusters: int = 256,
+    hidden: str | None = None,
+    width: int = 512,
+    max_steps: int = 2000,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    seed: int = 0,
+    kmeans_iterations: int = 10,
+    trainer_flags: dict | None = None,
+    progress: bool = True,
+    force: bool = False,
+) -> dict:
+    """Train, validate and export stage `router` into the session's artifact; returns its params."""
+    if session.artifact.has_stage(Stage.ROUTER) and not force:
+        raise StageExists(session.artifact.path, Stage.ROUTER)
+    started = time.perf_counter()
+    L.seed_everything(seed, workers=True)
+    index = read_index(Path(traces))
+    if index["vocab_size"] != session.target.vocab_size:
+        raise ValueError(f"the traces at {traces} are of a model with vocabulary {index['vocab_size']}, not this artifact's")
+    hidden = hidden or default_hidden(index)
+    key = hidden_key(hidden)
+    target = session.target
+    labels = router_clusters(target.head_weight.float(), clusters, kmeans_iterations, seed, progress)
+    always = torch.tensor(sorted(set(target.eos_token_ids) | set(session.tokenizer.all_special_ids)), dtype=torch.long)
+    always = always[always < target.vocab_size]
+    sizes = torch.bincount(labels, minlength=int(labels.max()) + 1)
+    in_clusters = sizes.clone()
+    in_clusters.index_add_(0, labels[always], -torch.ones_like(always))  # always-kept ids are scored anyway
+    embedding = target.model.get_input_embeddings().weight.detach()
+    data = TraceDataModule(traces, key, labels, batch_size)
+    data.setup()
+    d_h = data.splits["train"].tensors[1].shape[1]
+    module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), width), embedding, in_clusters, len(always), lr)
+    work_dir = Path(work_dir)
+    logger = CSVLogger(str(work_dir), name="logs")
+    checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
+    trainer = L.Trainer(
+        max_steps=max_steps, logger=logger, callbacks=[checkpoints], enable_progress_bar=progress,
+        enable_model_summary=False, log_every_n_steps=10, **(trainer_flags or {}),
+    )
+    trainer.fit(module, datamodule=data)
+    metrics = {k: float(v) for k, v in trainer.validate(module, datamodule=data, verbose=False)[0].items()}
+    router = module.router.cpu().eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        export_onnx(router, str(Path(tmp) / ONNX_FILE))
+        onnx_bytes = (Path(tmp) / ONNX_FILE).read_bytes()
+    tensors = {
+        **router.stage_tensors(),
+        "cluster_labels": labels,
+        "always_ids": always,
+        "token_counts": data.token_counts,
+    }
+    params = {
+        "clusters": int(len(sizes)),
+        "kmeans_iterations": kmeans_iterations,
+        "hidden": hidden,
+        "width": width,
+        "traces": str(traces),
+        "train_positions": len(data.splits["train"]),
+        "validation_positions": len(data.splits["validation"]),
+        "max_steps": max_steps,
+        "steps": int(trainer.global_step),
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "validation": metrics,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    session.artifact.write_stage(Stage.ROUTER, tensors, params, extra_files={ONNX_FILE: onnx_bytes}, force=force)
+    return params

@@ -1,0 +1,260 @@
+"""`prep traces`: a teacher-forced run of the target over a corpus, written as safetensors shards.
+
+Each text (a ShareGPT conversation through the chat template, a HumanEval prompt, or a text of a
+JSON file) is cut to `max_tokens_per_text` tokens and run through the target in one forward.
+Per position the shards hold the input id, the final-normed hidden state (float16), the next
+token (-1 at a text's last position), the target's top-1 and, per `drafter_layers` value N, the
+final-normed hidden state after the first N layers (what a `layers:N` drafter computes).
+
+Texts are assigned to shards and to a split (train / validation / heldout, by a hash of the
+corpus and the text's index) before any forward runs, so a rerun finds the same shards: a shard
+whose file exists and whose index entry is complete is skipped. Shards and the index are written
+atomically (temporary sibling, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import safetensors
+import safetensors.torch
+import torch
+from tqdm import tqdm
+
+from runtime.data import humaneval_prompts, prompts_from_file, sharegpt_conversations
+from runtime.target import TorchTarget
+
+INDEX_FILE = "index.json"
+TRACES_FORMAT = 1
+SPLITS = ("train", "validation", "heldout")
+SPLIT_PERCENT = (90, 5, 5)  # train, validation, heldout
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
+def split_of(corpus: str, index: int) -> str:
+    """Deterministic split of text `index` of a corpus: a hash, so adding texts moves none."""
+    bucket = int.from_bytes(hashlib.sha256(f"{corpus}:{index}".encode()).digest()[:8], "big") % 100
+    if bucket < SPLIT_PERCENT[0]:
+        return "train"
+    return "validation" if bucket < SPLIT_PERCENT[0] + SPLIT_PERCENT[1] else "heldout"
+
+
+def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
+    """Texts of "sharegpt" (whole conversations, chat template when the tokenizer has one),
+    "humaneval" (the 164 prompts) or a JSON file of {"text": ...} objects."""
+    if corpus == "humaneval":
+        yield from humaneval_prompts()
+    elif corpus == "sharegpt":
+        for conversation in sharegpt_conversations():
+            turns = [
+                {"role": SHAREGPT_ROLES[t["from"]], "content": t["value"]}
+                for t in conversation.get("conversations") or []
+                if isinstance(t, dict) and t.get("from") in SHAREGPT_ROLES and isinstance(t.get("value"), str)
+            ]
+            if turns:
+                yield render_chat(tokenizer, turns)
+    elif Path(corpus).is_file():
+        yield from prompts_from_file(corpus)
+    else:
+        raise ValueError(f"unknown corpus {corpus!r}: use sharegpt, humaneval, or the path of a JSON file of {{\"text\": ...}}")
+
+
+def render_chat(tokenizer, turns: list[dict]) -> str:
+    """A conversation as the model sees it: its chat template, or plain role-prefixed turns."""
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(turns, tokenize=False)
+        except Exception:  # templates that reject a turn order (e.g. two user turns in a row)
+            pass
+    return "\n\n".join(f"{t['role']}: {t['content']}" for t in turns)
+
+
+@dataclass
+class ShardPlan:
+    """Which texts go into one shard, decided from tokenization alone."""
+
+    name: str
+    docs: list[int]  # text indices in the corpus
+    splits: list[str]
+    ids: list[list[int]]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(i) for i in self.ids)
+
+    def entry(self) -> dict:
+        return {"file": self.name, "docs": self.docs, "splits": self.splits, "tokens": self.tokens, "complete": True}
+
+
+def plan_shards(
+    texts: Iterator[str], tokenizer, corpus: str, max_tokens: int, shard_tokens: int, max_tokens_per_text: int
+) -> list[ShardPlan]:
+    """Tokenize texts until `max_tokens` and group them into shards of about `shard_tokens` tokens."""
+    plans: list[ShardPlan] = []
+    current = ShardPlan(_shard_name(0), [], [], [])
+    total = 0
+    for index, text in enumerate(texts):
+        if total >= max_tokens:
+            break
+        ids = tokenizer(text, add_special_tokens=not text.startswith(tokenizer.bos_token or "\0"))["input_ids"]
+        ids = ids[: min(max_tokens_per_text, max_tokens - total)]
+        if len(ids) < 2:
+            continue
+        current.docs.append(index)
+        current.splits.append(split_of(corpus, index))
+        current.ids.append(ids)
+        total += len(ids)
+        if current.tokens >= shard_tokens:
+            plans.append(current)
+            current = ShardPlan(_shard_name(len(plans)), [], [], [])
+    if current.docs:
+        plans.append(current)
+    return plans
+
+
+def _shard_name(i: int) -> str:
+    return f"shard-{i:05d}.safetensors"
+
+
+@torch.inference_mode()
+def trace_text(target: TorchTarget, ids: list[int], drafter_layers: list[int]) -> dict[str, torch.Tensor]:
+    """One text's per-position tensors (see the module docstring)."""
+    tokens = torch.tensor(ids, dtype=torch.long)
+    out = target.body(input_ids=tokens.view(1, -1), use_cache=False, output_hidden_states=bool(drafter_layers))
+    hidden = out.last_hidden_state[0]  # [T, d]
+    # Top-1 in row chunks: a 512-token text times a 262k vocabulary is 0.5 GB of logits at once.
+    top1 = torch.cat([
+        torch.nn.functional.linear(rows, target.head_weight, target.head_bias).argmax(dim=1)  # [<=64]
+        for rows in hidden.split(64)
+    ])
+    tensors = {
+        "input_ids": tokens.to(torch.int32),
+        "position": torch.arange(len(ids), dtype=torch.int32),
+        "next_token": torch.cat([tokens[1:], torch.tensor([-1])]).to(torch.int32),
+        "top1": top1.to(torch.int32),
+        "hidden": hidden.to(torch.float16),
+    }
+    for n in drafter_layers:
+        # hidden_states[n] is the input of layer n (the output of the first n layers), before the norm.
+        tensors[f"hidden_layers_{n}"] = target.body.norm(out.hidden_states[n][0]).to(torch.float16)
+    return tensors
+
+
+def run_shard(target: TorchTarget, plan: ShardPlan, drafter_layers: list[int]) -> dict[str, torch.Tensor]:
+    """Trace every text of a shard; rows of all texts concatenated, `doc` says whose row it is."""
+    parts = [trace_text(target, ids, drafter_layers) for ids in plan.ids]
+    tensors = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    tensors["doc"] = torch.cat([torch.full((len(ids),), doc, dtype=torch.int32) for doc, ids in zip(plan.docs, plan.ids)])
+    tensors["split"] = torch.cat(
+        [torch.full((len(ids),), SPLITS.index(s), dtype=torch.int8) for s, ids in zip(plan.splits, plan.ids)]
+    )
+    return tensors
+
+
+def _atomic_write(path: Path, write) -> None:
+    """write(tmp_path) into a temporary sibling, fsync it, rename it over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_index(out: Path, index: dict) -> None:
+    _atomic_write(out / INDEX_FILE, lambda tmp: Path(tmp).write_text(json.dumps(index, indent=1) + "\n"))
+
+
+def read_index(out: Path) -> dict:
+    """The index of a traces directory; ValueError naming the fix when it is not one."""
+    path = Path(out) / INDEX_FILE
+    if not path.is_file():
+        raise ValueError(f"{out} holds no traces ({INDEX_FILE} missing); run: prep traces MODEL --corpus sharegpt -o {out}")
+    index = json.loads(path.read_text())
+    if index.get("format") != TRACES_FORMAT:
+        raise ValueError(f"{path}: unknown traces format {index.get('format')!r}; rerun prep traces into a new directory")
+    return index
+
+
+def build_traces(
+    target: TorchTarget,
+    tokenizer,
+    model_name: str,
+    corpus: str,
+    out: str | Path,
+    max_tokens: int = 200_000,
+    shard_tokens: int = 16_384,
+    max_tokens_per_text: int = 512,
+    drafter_layers: tuple[int, ...] = (),
+    progress: bool = True,
+) -> dict:
+    """Write (or complete) a traces directory; returns its index."""
+    layers = getattr(target.body.config, "num_hidden_layers", 0)
+    for n in drafter_layers:
+        if not 1 <= n < layers:
+            raise ValueError(f"--drafter-layers takes depths in 1..{layers - 1} (the target has {layers} layers), got {n}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "format": TRACES_FORMAT,
+        "model": model_name,
+        "corpus": corpus,
+        "max_tokens": max_tokens,
+        "shard_tokens": shard_tokens,
+        "max_tokens_per_text": max_tokens_per_text,
+        "drafter_layers": sorted(set(drafter_layers)),
+        "vocab_size": target.vocab_size,
+        "hidden_size": target.hidden_size,
+        "split_percent": dict(zip(SPLITS, SPLIT_PERCENT)),
+    }
+    previous = read_index(out) if (out / INDEX_FILE).is_file() else None
+    if previous is not None:
+        # The token budget may change: shards whose texts stay the same are kept, the rest redone.
+        changed = [k for k, v in settings.items() if k != "max_tokens" and previous.get(k) != v]
+        if changed:
+            raise ValueError(f"{out} holds traces made with other settings ({', '.join(changed)}); choose another -o")
+    done = {e["file"]: e for e in (previous or {}).get("shards", []) if e.get("complete")}
+    plans = plan_shards(corpus_texts(corpus, tokenizer), tokenizer, corpus, max_tokens, shard_tokens, max_tokens_per_text)
+    index = {**settings, "shards": []}
+    bar = tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress, file=sys.stderr)
+    for plan in plans:
+        entry = plan.entry()
+        if done.get(plan.name) == entry and (out / plan.name).is_file():
+            bar.update(plan.tokens)
+        else:
+            tensors = run_shard(target, plan, settings["drafter_layers"])
+            _atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, tmp))
+            bar.update(plan.tokens)
+        index["shards"].append(entry)
+        write_index(out, index)  # after every shard, so an interrupted run resumes here
+    bar.close()
+    return index
+
+
+def load_traces(out: str | Path, keys: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The index and the named tensors of every complete shard, concatenated (other tensors are not read)."""
+    out = Path(out)
+    index = read_index(out)
+    files = [out / e["file"] for e in index["shards"] if e.get("complete")]
+    if not files:
+        raise ValueError(f"{out} has no complete shard; rerun prep traces to finish it")
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    for path in files:
+        with safetensors.safe_open(str(path), framework="pt") as shard:
+            missing = [k for k in keys if k not in shard.keys()]
+            if missing:
+                raise ValueError(f"{out} has no {', '.join(missing)}; rerun prep traces with the matching --drafter-layers")
+            for k in keys:
+                parts[k].append(shard.get_tensor(k))
+    return index, {k: torch.cat(v) for k, v in parts.items()}

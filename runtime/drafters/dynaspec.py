@@ -1,0 +1,130 @@
+"""DynaSpec and FR-Spec drafters: the layer-truncated self-drafter with a shortlist head.
+
+DynaSpec (seed 001): before each draft token, the router scores clusters from the embedding of
+the token just fed, E(x_t), and the drafter's hidden state one position earlier, h_{t-1}; the
+head then scores only the union of the top-k(t) clusters. FR-Spec: the same drafter with a
+static list of the tokens most frequent in the traces. Verification stays full-vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from artifacts import Artifact
+from artifacts.format import Stage
+from runtime.drafters.layers import LayerDrafter
+from runtime.heads.shortlist import ShortlistHead
+from runtime.router import ONNX_FILE, SCHEDULES, RouterRunner
+from runtime.speculative import SpecDecodeStats
+from runtime.stats import HeadStats
+from runtime.target import TorchTarget
+
+
+@dataclass
+class RouterStage:
+    """The `router` stage of an artifact: the router, its clusters and the trace token counts."""
+
+    tensors: dict[str, torch.Tensor]
+    params: dict
+    onnx_path: str
+
+    @classmethod
+    def load(cls, artifact: Artifact) -> "RouterStage":
+        tensors = artifact.read_stage(Stage.ROUTER)
+        return cls(tensors, artifact.stage_params(Stage.ROUTER), str(artifact.stage_file(Stage.ROUTER, ONNX_FILE)))
+
+    def runner(self, backend: str = "onnx") -> RouterRunner:
+        return RouterRunner(self.tensors, self.onnx_path, backend)
+
+    def cluster_head(self, target: TorchTarget) -> ShortlistHead:
+        """A shortlist head over the router's clusters (the always-kept ids included at every step)."""
+        return ShortlistHead(target.head_weight, target.head_bias, self.tensors["cluster_labels"], self.tensors["always_ids"])
+
+    def frequent_head(self, target: TorchTarget, tokens: int) -> ShortlistHead:
+        """FR-Spec: the `tokens` most frequent next tokens of the training traces, plus the always-kept ids."""
+        if not 1 <= tokens <= target.vocab_size:
+            raise ValueError(f"the FR-Spec shortlist size must be in 1..{target.vocab_size}, got {tokens}")
+        counts = self.tensors["token_counts"]
+        top = torch.argsort(counts, descending=True, stable=True)[:tokens]
+        ids = torch.unique(torch.cat([top, self.tensors["always_ids"]]))
+        return ShortlistHead.static(target.head_weight, target.head_bias, ids)
+
+    def check_hidden(self, layers: int) -> None:
+        """The router must have been trained on the hidden state the drafter gives it."""
+        expected = f"layers:{layers}"
+        if self.params.get("hidden") != expected:
+            raise ValueError(
+                f"the router was trained on the {self.params.get('hidden')!r} hidden state, but a layers:{layers} "
+                f"drafter gives it {expected!r}; rerun: prep train-router ART --traces TR --hidden {expected} --force"
+            )
+
+
+class RoutedLayerDrafter(LayerDrafter):
+    """LayerDrafter whose ShortlistHead is re-chosen by the router before every draft token."""
+
+    def __init__(
+        self, target: TorchTarget, layers: int, head: ShortlistHead, router: RouterRunner, k_max: int, schedule: str = "fixed"
+    ) -> None:
+        super().__init__(target, layers, head)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown cluster schedule {schedule!r}; use {' or '.join(SCHEDULES)}")
+        if k_max < 1:
+            raise ValueError("the cluster budget k must be >= 1")
+        self.router, self.k_max, self.budget = router, k_max, SCHEDULES[schedule]
+        self.embedding = target.model.get_input_embeddings().weight.detach()  # [V, d]
+        self.hiddens: list[torch.Tensor] = []  # [d] per cached position, aligned with self.cached
+        self.step = 0  # draft position of the next token the head picks
+
+    def reset(self, prompt, params, generator, *args, **kwargs) -> None:
+        super().reset(prompt, params, generator, *args, **kwargs)
+        self.hiddens = []
+
+    def propose(self, context: list[int], k: int):
+        self.step = 0
+        return super().propose(context, k)
+
+    @torch.inference_mode()
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Append tokens to the cache, route on the last one, and return its hidden state [1, d]."""
+        out = self.body(input_ids=torch.tensor([tokens]), past_key_values=self.cache.inner, use_cache=True)
+        self.cache.length += len(tokens)
+        self.cached.extend(tokens)
+        self.hiddens.extend(out.last_hidden_state[0])
+        previous = self.hiddens[-2] if len(self.hiddens) >= 2 else torch.zeros_like(self.hiddens[-1])
+        scores = self.router.scores(self.embedding[tokens[-1]][None], previous[None])[0]  # [M]
+        self.head.choose(torch.topk(scores, min(self.budget(self.k_max, self.step), scores.numel())).indices)
+        self.step += 1
+        return out.last_hidden_state[0, -1:]
+
+    def _crop(self, length: int) -> None:
+        super()._crop(length)
+        del self.hiddens[length:]
+
+
+@dataclass
+class ShortlistDecodeStats(SpecDecodeStats):
+    """SpecDecodeStats plus what the drafter's shortlist head scored."""
+
+    shortlist: HeadStats = field(default_factory=HeadStats)
+
+    @property
+    def shortlist_fraction(self) -> float:
+        """Mean shortlist size over the vocabulary, per drafted row."""
+        return self.shortlist.recomputed_fraction
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "shortlist_fraction": self.shortlist_fraction}
+
+
+def with_shortlist_stats(decode, head: ShortlistHead):
+    """Wrap a speculative decoder so its stats also carry the drafter head's shortlist counters."""
+
+    def run(prompt, n, params, generator):
+        before = replace(head.stats)
+        tokens, stats = decode(prompt, n, params, generator)
+        fields = {name: getattr(stats, name) for name in stats.__dataclass_fields__}
+        return tokens, ShortlistDecodeStats(**fields, shortlist=head.stats.since(before))
+
+    return run

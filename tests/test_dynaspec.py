@@ -1,0 +1,177 @@
+"""DynaSpec on a tiny random Llama: traces, router training (Lightning) and export, ONNX/torch
+parity, shortlist heads, and exactness of shortlisted drafters (greedy identity, sampling)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from click.testing import CliRunner
+
+from prep.cli import main as prep_main
+from prep.traces import INDEX_FILE, split_of
+from runtime.bench.methods import build_method
+from runtime.decode import generate_ar
+from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage
+from runtime.drafters.layers import truncated_decoder
+from runtime.heads import FullHead
+from runtime.heads.sampling import SamplingParams
+from runtime.heads.shortlist import ShortlistHead
+from runtime.router import Router, RouterRunner, position_budget
+from runtime.session import open_session
+from runtime.speculative import generate_speculative
+from runtime.verify import verify_exact, warp
+
+TEXTS = 80
+
+
+def invoke(args) -> str:
+    result = CliRunner().invoke(prep_main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def built(tiny_model_dir: Path, tmp_path_factory):
+    """prep cluster + prep traces + prep train-router on the tiny model, once for the module."""
+    root = tmp_path_factory.mktemp("dynaspec")
+    rng = random.Random(0)
+    corpus = root / "corpus.json"
+    corpus.write_text(json.dumps([{"text": " ".join(f"w{rng.randrange(4, 256)}" for _ in range(rng.randrange(8, 40)))}
+                                  for _ in range(TEXTS)]))
+    art, traces = root / "art", root / "traces"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+        invoke(["cluster", tiny_model_dir, "-o", art, "--clusters", 8])
+        invoke(["traces", tiny_model_dir, "--corpus", corpus, "-o", traces, "--shard-tokens", 400, "--drafter-layers", 1])
+        out = invoke(["train-router", art, "--traces", traces, "--clusters", 16, "--max-steps", 6, "--width", 32,
+                      "--batch-size", 64, "--devices", 1, "--accelerator", "cpu"])
+        session = open_session(art, progress=False)
+    assert "recall" in out
+    assert (traces / "router-train" / "checkpoints" / "last.ckpt").is_file()
+    assert list((traces / "router-train" / "logs").rglob("metrics.csv"))
+    return session, traces, corpus
+
+
+def test_router_forward_shapes_and_state_roundtrip():
+    router = Router(embed_dim=12, hidden_dim=10, clusters=7, width=16).eval()
+    emb, hid = torch.randn(5, 12), torch.randn(5, 10) * 150
+    assert router(emb, hid).shape == (5, 7)
+    again = Router.from_state(router.stage_tensors())
+    assert torch.equal(again(emb, hid), router(emb, hid))
+
+
+def test_position_budget_follows_seed_001():
+    assert [position_budget(16, t) for t in range(6)] == [16, 16, 2, 2, 1, 1]
+    assert [position_budget(40, t) for t in range(5)] == [40, 40, 6, 5, 4]
+
+
+def test_traces_index_splits_and_drafter_hidden(built, tiny_model_dir):
+    session, traces, corpus = built
+    index = json.loads((traces / INDEX_FILE).read_text())
+    assert index["drafter_layers"] == [1] and all(e["complete"] for e in index["shards"])
+    assert len(index["shards"]) > 1
+    docs = [d for e in index["shards"] for d in e["docs"]]
+    assert docs == list(range(TEXTS))
+    splits = [s for e in index["shards"] for s in e["splits"]]
+    assert splits == [split_of(str(corpus), d) for d in docs] and {"train", "validation"} <= set(splits)
+    shard = safetensors.torch.load_file(str(traces / index["shards"][0]["file"]))
+    first = shard["doc"] == shard["doc"][0]
+    ids = shard["input_ids"][first].long()
+    # The stored layers:1 hidden state is what the layer-truncated drafter computes.
+    drafter = truncated_decoder(session.target.body, 1)
+    with torch.inference_mode():
+        expected = drafter(input_ids=ids[None]).last_hidden_state[0]
+        full = session.target.body(input_ids=ids[None]).last_hidden_state[0]
+    assert torch.allclose(shard["hidden_layers_1"][first].float(), expected, atol=1e-2, rtol=1e-2)
+    assert torch.equal(shard["top1"][first].long(), torch.nn.functional.linear(full, session.target.head_weight).argmax(1))
+    assert torch.equal(shard["next_token"][first][:-1], shard["input_ids"][first][1:])
+
+
+def test_traces_resume_skips_finished_shards(built, tiny_model_dir, monkeypatch, tmp_path):
+    session, traces, corpus = built
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    index = json.loads((traces / INDEX_FILE).read_text())
+    kept, removed = traces / index["shards"][0]["file"], traces / index["shards"][1]["file"]
+    before = kept.stat().st_mtime_ns
+    content = removed.read_bytes()
+    removed.unlink()
+    invoke(["traces", tiny_model_dir, "--corpus", corpus, "-o", traces, "--shard-tokens", 400, "--drafter-layers", 1])
+    assert kept.stat().st_mtime_ns == before
+    assert removed.read_bytes() == content  # recomputed, bit for bit
+
+
+def test_router_stage_and_onnx_torch_parity(built):
+    session, _, _ = built
+    stage = RouterStage.load(session.artifact)
+    assert stage.params["hidden"] == "layers:1" and stage.params["steps"] == 6
+    assert "val/recall@1" in stage.params["validation"]
+    onnx, torch_runner = stage.runner("onnx"), stage.runner("torch")
+    gen = torch.Generator().manual_seed(0)
+    emb, hid = torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen) * 150
+    assert (onnx.scores(emb, hid) - torch_runner.scores(emb, hid)).abs().max() <= 1e-4
+    with pytest.raises(ValueError, match="backend"):
+        RouterRunner(stage.tensors, stage.onnx_path, "tensorrt")
+
+
+def test_shortlist_head_scores_only_its_clusters(tiny_head):
+    labels = torch.arange(tiny_head.weight.shape[0]) % 10
+    always = torch.tensor([0, 7])
+    head = ShortlistHead(tiny_head.weight, tiny_head.bias, labels, always)
+    head.choose([3, 4])
+    full = FullHead(tiny_head.weight, tiny_head.bias).logits(tiny_head.hidden)
+    logits = head.logits(tiny_head.hidden)
+    inside = torch.isin(labels, torch.tensor([3, 4])) | torch.isin(torch.arange(len(labels)), always)
+    assert head.size == int(inside.sum())
+    assert torch.allclose(logits[:, inside], full[:, inside], atol=1e-4)
+    assert torch.isinf(logits[:, ~inside]).all()
+    best = head.select(tiny_head.hidden, SamplingParams())
+    assert torch.equal(best, torch.where(inside, full, float("-inf")).argmax(1))
+    assert head.stats.recomputed_fraction == pytest.approx(head.size / len(labels))
+
+
+@pytest.mark.parametrize("method", ["dynaspec:layers:1:k=1", "dynaspec:layers:1:k=4:schedule=position:router=torch",
+                                    "frspec:layers:1:20:gamma=3"])
+def test_shortlisted_drafters_keep_greedy_output(built, method):
+    session, _, _ = built
+    prompts = [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]
+    run = build_method(session, method).decode
+    head = session.full_head()
+    for prompt in prompts:
+        expected, _ = generate_ar(session.target, head, prompt, 24, SamplingParams())
+        tokens, stats = run(prompt, 24, SamplingParams(), torch.Generator().manual_seed(0))
+        assert tokens == expected
+        assert 0 < stats.shortlist_fraction < 1 and stats.to_json()["shortlist_fraction"] == stats.shortlist_fraction
+
+
+def test_routed_drafter_samples_exactly_in_the_loop(built):
+    """Sampled speculative output follows the target although the drafter's q lives on a shortlist."""
+    session, _, _ = built
+    stage = RouterStage.load(session.artifact)
+    drafter = RoutedLayerDrafter(session.target, 1, stage.cluster_head(session.target), stage.runner("torch"), 2)
+    prompt, params = torch.tensor([5, 9, 200]), SamplingParams(temperature=1.0)
+    tokens, _ = generate_speculative(session.target, session.full_head(), drafter, prompt, 6, params,
+                                     torch.Generator().manual_seed(1), gamma=3)
+    assert len(tokens) == 6
+
+
+def test_verification_repairs_a_shortlisted_q():
+    """Whatever shortlist q is confined to, modified rejection sampling returns tokens distributed as p."""
+    gen = torch.Generator().manual_seed(0)
+    V, k, n = 12, 2, 20_000
+    p = warp(torch.randn(k + 1, V, generator=gen) * 2, SamplingParams(temperature=1.0))  # [k + 1, V]
+    logits = torch.randn(k, V, generator=gen) * 2
+    logits[:, 6:] = float("-inf")  # q is zero outside a shortlist of 6 tokens, p is not
+    q = warp(logits, SamplingParams(temperature=1.0))  # [k, V]
+    counts = torch.zeros(V)
+    for _ in range(n):
+        draft = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(k)])
+        counts[verify_exact(p, q, draft, gen).tokens[0]] += 1
+    tv = 0.5 * (counts / n - p[0]).abs().sum()
+    # The sampling error of an empirical distribution on 12 outcomes at n = 20k is ~0.01 in TV.
+    assert tv < 0.03
+    assert 0.5 * (q[0] - p[0]).abs().sum() > 0.1  # q itself is far from p
