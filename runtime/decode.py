@@ -11,6 +11,7 @@ import torch
 from runtime.heads.sampling import SamplingParams
 from runtime.stats import DecodeStats
 from runtime.target import TargetModel
+from runtime.verify import select_allowed
 
 
 def generate_ar(
@@ -22,10 +23,12 @@ def generate_ar(
     generator: torch.Generator | None = None,
     on_token: Callable[[int], None] | None = None,
     stop_at_eos: bool = True,
+    min_new_tokens: int = 0,
 ) -> tuple[list[int], DecodeStats]:
     """Plain autoregressive decoding: one target forward and one head call per new token.
 
     prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats.
+    min_new_tokens: EOS is excluded from the first that many tokens (the min-response guard).
     """
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
@@ -37,7 +40,8 @@ def generate_ar(
     stats.forwards += 1
     tokens: list[int] = []
     for step in range(max_new_tokens):
-        token = int(head.select(hidden, params, generator)[0])
+        banned = target.eos_token_ids if step < min_new_tokens else frozenset()
+        token = int(select_allowed(head, hidden, params, generator, banned)[0])
         if step == 0:
             stats.seconds_prefill = time.perf_counter() - started
         tokens.append(token)

@@ -3,6 +3,7 @@ verifier keeps what the target would have said, and both KV caches roll back to 
 
 Greedy outputs equal generate_ar's token for token; sampled outputs follow the warped target
 exactly (runtime/verify.py), though not the same random stream as generate_ar's Gumbel sampler.
+Both hold with the EOS min-response guard on (min_new_tokens), which bans EOS on both sides.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from runtime.drafters.base import Drafter, Proposal
 from runtime.heads.sampling import SamplingParams
 from runtime.stats import DecodeStats
 from runtime.target import TargetModel
-from runtime.verify import Verdict, verify_exact, verify_greedy, warp
+from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, select_allowed, verify_exact, verify_greedy, warp
 
 MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
 
@@ -91,14 +92,34 @@ def verify_round(
     proposal: Proposal,
     params: SamplingParams,
     generator: torch.Generator | None,
+    ban: TokenBan = NO_BAN,
+    start: int = 0,
 ) -> Verdict:
-    """Score the last accepted token and the drafts in one target forward, then verify the drafts."""
+    """Score the last accepted token and the drafts in one target forward, then verify the drafts.
+
+    start: the context position the first verified row predicts (the context's length), which
+    tells how many leading rows the EOS guard `ban` covers.
+    """
     hidden = target.forward(torch.cat([torch.tensor([last]), proposal.tokens]), cache)  # [k + 1, d]
+    guarded = ban.rows(start, hidden.shape[0])
     if params.greedy:
         # Only each row's choice is needed: a certified head computes exact logits for its candidates only.
-        return verify_greedy(head.select(hidden, params), proposal.tokens)
-    p = warp(head.logits(hidden), params)  # [k + 1, V]
+        return verify_greedy(select_allowed(head, hidden, params, None, ban.ids, guarded), proposal.tokens)
+    p = warp(mask_banned(head.logits(hidden), ban.ids, guarded), params)  # [k + 1, V]
     return verify_exact(p, proposal.probs, proposal.tokens, generator)
+
+
+def drop_banned(proposal: Proposal, ban: TokenBan, start: int) -> Proposal:
+    """Cut a point-mass proposal before its first banned token at a guarded position.
+
+    Drafts that carry q are left alone: their drafter bans the ids in q itself, and cutting a
+    sampled draft on what was drawn would bias the output away from p.
+    """
+    guarded = ban.rows(start, proposal.tokens.numel())
+    if proposal.probs is not None or guarded == 0:
+        return proposal
+    hits = [i for i, token in enumerate(proposal.tokens[:guarded].tolist()) if token in ban.ids]
+    return Proposal(proposal.tokens[: hits[0]]) if hits else proposal
 
 
 def next_gamma(gamma: int, verdict: Verdict) -> int:
@@ -119,11 +140,14 @@ def generate_speculative(
     gamma: int = 4,
     adaptive: bool = False,
     on_token: Callable[[int], None] | None = None,
+    min_new_tokens: int = 0,
 ) -> tuple[list[int], SpecDecodeStats]:
     """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward.
 
     prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats. The
     first token comes from the prefill as in generate_ar, so prefill timings compare across methods.
+    min_new_tokens: EOS is excluded from the first that many tokens, in drafts and in the
+    target's choices (the min-response guard; generate_ar's parameter of the same name).
     """
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
@@ -137,6 +161,7 @@ def generate_speculative(
     stats.forwards += 1
     context = prompt.tolist()
     tokens: list[int] = []
+    ban = TokenBan.min_response(target.eos_token_ids, len(context), min_new_tokens)
 
     def emit(new: list[int]) -> bool:
         """Append tokens until EOS or the token limit; True when generation is over."""
@@ -149,16 +174,18 @@ def generate_speculative(
                 return True
         return False
 
-    finished = max_new_tokens <= 0 or emit([int(head.select(hidden, params, generator)[0])])
+    finished = max_new_tokens <= 0 or emit(
+        [int(select_allowed(head, hidden, params, generator, ban.ids, ban.rows(len(context), 1))[0])]
+    )
     stats.seconds_prefill = time.perf_counter() - started
-    drafter.reset(prompt.tolist(), params, generator)
+    drafter.reset(prompt.tolist(), params, generator, ban)
     while not finished:
         # The cache holds context[:-1]; the last token is fed with the drafts.
         k = min(gamma, max_new_tokens - len(tokens) - 1)
         t0 = time.perf_counter()
-        proposal = drafter.propose(context, k)
+        proposal = drop_banned(drafter.propose(context, k), ban, len(context))
         t1 = time.perf_counter()
-        verdict = verify_round(target, head, cache, context[-1], proposal, params, generator)
+        verdict = verify_round(target, head, cache, context[-1], proposal, params, generator, ban, len(context))
         target.crop(cache, len(context) + verdict.accepted)
         t2 = time.perf_counter()
         drafter.observe(verdict)

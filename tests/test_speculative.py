@@ -1,6 +1,6 @@
 """Speculative decoding loop and drafters on a tiny random Llama: greedy identity with generate_ar,
-EOS and token limits at any position, KV-cache rollback, the certified head as verifier head, and
-sampling exactness of the whole loop on a mock Markov target.
+EOS and token limits at any position, KV-cache rollback, the certified head as verifier head, the
+EOS min-response guard, and sampling exactness of the whole loop on a mock Markov target.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter, Proposal
 from runtime.drafters.layers import truncated_decoder
 from runtime.heads import CertifiedHead, FullHead, SamplingParams, ScreenBound
-from runtime.speculative import generate_speculative, next_gamma
+from runtime.speculative import drop_banned, generate_speculative, next_gamma
 from runtime.target import TorchTarget
-from runtime.verify import Verdict, sample_from, warp
+from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, sample_from, warp
 
 NEW_TOKENS = 24
 PROMPTS = {
@@ -128,6 +128,82 @@ def test_token_limit_at_any_position(target):
     for n in range(0, 13):
         tokens, stats = generate_speculative(target, full_head(target), NgramDrafter(), torch.tensor(prompt), n)
         assert tokens == reference[:n] and stats.new_tokens == n
+
+
+# --- EOS min-response guard -----------------------------------------------------------------
+
+GUARD = 4
+
+
+def test_guard_keeps_eos_out_of_the_first_tokens_of_generate_ar(tiny_model):
+    prompt = PROMPTS["random"]
+    reference = ar_tokens(TorchTarget(tiny_model, set()), prompt, 12)
+    stopping = TorchTarget(tiny_model, {reference[0]})  # the first greedy token ends the answer at once
+    assert generate_ar(stopping, full_head(stopping), torch.tensor(prompt), 12)[0] == reference[:1]
+    guarded, stats = generate_ar(stopping, full_head(stopping), torch.tensor(prompt), 12, min_new_tokens=GUARD)
+    assert len(guarded) > GUARD and reference[0] not in guarded[:GUARD]
+    # The first guarded token is the runner-up of the unguarded logits.
+    hidden = stopping.forward(torch.tensor(prompt), stopping.new_cache())[-1:]
+    assert guarded[0] == int(full_head(stopping).logits(hidden)[0].topk(2).indices[1])
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "layers:1"])
+@pytest.mark.parametrize("head_kind", ["full", "csv"])
+def test_guarded_speculative_equals_guarded_generate_ar(tiny_model, drafter, head_kind):
+    """Greedy identity with the guard on, whichever early token plays EOS (so the guard must fire
+    in the prefill token, in accepted drafts, in recovered and in bonus tokens)."""
+    fired = 0
+    for name in ("repetitive", "random"):
+        prompt = PROMPTS[name]
+        reference = ar_tokens(TorchTarget(tiny_model, set()), prompt, 30)
+        for eos in sorted(set(reference[:8])):
+            stopping = TorchTarget(tiny_model, {eos})
+            head = full_head(stopping) if head_kind == "full" else certified_head(stopping)
+            expected = generate_ar(stopping, full_head(stopping), torch.tensor(prompt), 30, min_new_tokens=GUARD)[0]
+            tokens, stats = generate_speculative(stopping, head, make_drafter(drafter, stopping), torch.tensor(prompt),
+                                                 30, gamma=3, min_new_tokens=GUARD)
+            assert tokens == expected, (name, eos)
+            assert eos not in tokens[:GUARD]
+            fired += eos in reference[:GUARD]
+    assert fired > 0
+
+
+def test_drop_banned_cuts_point_mass_drafts_only():
+    ban = TokenBan(frozenset({9}), until=12)
+    draft = Proposal(torch.tensor([4, 9, 5, 9]))
+    assert drop_banned(draft, ban, 10).tokens.tolist() == [4]  # positions 10, 11 guarded; 9 at 11 is cut
+    assert drop_banned(draft, ban, 11) is draft  # only position 11 is guarded, and it drafts 4
+    assert drop_banned(Proposal(torch.tensor([9, 4])), ban, 11).tokens.tolist() == []
+    assert drop_banned(draft, ban, 12) is draft  # past the guard
+    sampled = Proposal(torch.tensor([9]), torch.full((1, 16), 1 / 16))
+    assert drop_banned(sampled, ban, 10) is sampled  # q-drafters ban inside q
+
+
+@pytest.mark.parametrize("point_mass", [False, True], ids=["sampled-q", "point-mass"])
+def test_guarded_sampled_loop_follows_the_guarded_target(point_mass):
+    """With EOS banned for 2 tokens, tokens 1..3 follow rows of P_b, P_b^2, P_b^2 P (P_b = the chain
+    with EOS masked out), and EOS never comes first or second."""
+    params = SamplingParams(temperature=1.0)
+    gen = torch.Generator().manual_seed(1)
+    target_logits = torch.randn(V, V, generator=gen) * 2
+    draft_logits = target_logits + torch.randn(V, V, generator=gen)
+    start = 0
+    eos = int(target_logits[start].argmax())  # the most likely first token is the EOS
+    target, drafter = MarkovTarget(target_logits), MarkovDrafter(draft_logits, point_mass)
+    target.eos_token_ids = frozenset({eos})
+    head, n = FullHead(target.head_weight), 2000
+    runs = [generate_speculative(target, head, drafter, torch.tensor([start]), 3, params, gen, gamma=2,
+                                 min_new_tokens=2)[0] for _ in range(n)]
+    assert all(len(run) == 3 and eos not in run[:2] for run in runs)
+    samples = torch.tensor(runs)  # [n, 3]
+    P, P_b = warp(target_logits, params), warp(mask_banned(target_logits, {eos}, V), params)
+    law = P_b[start]
+    for position, step in enumerate([P_b, P, None]):
+        empirical = torch.bincount(samples[:, position], minlength=V).double() / n
+        distance = 0.5 * float((empirical - law.double()).abs().sum())
+        assert distance < float((law.double() * (1 - law.double()) / n).sqrt().sum()), position
+        if step is not None:
+            law = law @ step
 
 
 # --- rollback -------------------------------------------------------------------------------
@@ -265,15 +341,19 @@ class MarkovDrafter:
     def __init__(self, logits: torch.Tensor, point_mass: bool) -> None:
         self.logits, self.point_mass = logits, point_mass
 
-    def reset(self, prompt, params, generator) -> None:
-        self.q, self.generator = warp(self.logits, params), generator
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        self.q, self.generator, self.ban = warp(self.logits, params), generator, ban
+        # The guard bans ids from q, as a model drafter does (point masses are cut by the loop).
+        self.q_banned = warp(mask_banned(self.logits, ban.ids, V), params)
 
     def propose(self, context: list[int], k: int) -> Proposal:
-        tokens = [context[-1]]
-        for _ in range(k):
-            row = self.logits[tokens[-1]] if self.point_mass else self.q[tokens[-1]]
+        tokens, rows = [context[-1]], []
+        for i in range(k):
+            q = self.q_banned if self.ban.rows(len(context) + i, 1) else self.q
+            row = self.logits[tokens[-1]] if self.point_mass else q[tokens[-1]]
             tokens.append(int(row.argmax()) if self.point_mass else sample_from(row, self.generator))
-        probs = None if self.point_mass else self.q[torch.tensor(tokens[:-1], dtype=torch.long)]
+            rows.append(q[tokens[-2]])
+        probs = None if self.point_mass or not rows else torch.stack(rows)
         return Proposal(torch.tensor(tokens[1:], dtype=torch.long), probs)
 
     def observe(self, verdict) -> None:

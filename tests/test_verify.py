@@ -12,8 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import make_tiny_head
+from prep.screen import build_screen
+from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.heads.sampling import SamplingParams, allowed_mask, gumbel_noise, sample_full
-from runtime.verify import Verdict, verify_exact, verify_greedy, warp
+from runtime.verify import TokenBan, Verdict, mask_banned, select_allowed, verify_exact, verify_greedy, warp
 
 V = 12
 START = 0  # the token before the first draft
@@ -216,3 +219,72 @@ def test_rejection_sampling_converges_at_1e5():
     assert distances[-1] < tolerance(P[START], n)
     assert distances[-1] < distances[0] / 20
     assert distances[-1] < 0.2 * tv(P[START], Q[START])
+
+
+# --- EOS guard: banned ids on the target's side ----------------------------------------------
+
+
+def test_token_ban_rows():
+    ban = TokenBan.min_response({1, 7}, prompt_length=10, min_new_tokens=4)
+    assert ban.ids == frozenset({1, 7}) and ban.until == 14
+    assert [ban.rows(start, 5) for start in (8, 10, 12, 13, 14, 20)] == [5, 4, 2, 1, 0, 0]
+    assert TokenBan.min_response(set(), 10, 4).rows(10, 3) == 0  # no EOS ids: nothing to guard
+    assert TokenBan.min_response({1}, 10, 0).rows(10, 3) == 0
+
+
+def test_mask_banned_only_touches_the_guarded_rows():
+    logits = torch.randn(3, V)
+    masked = mask_banned(logits, {2, 5}, 2)
+    assert torch.isinf(masked[:2, [2, 5]]).all() and torch.equal(masked[2], logits[2])
+    assert torch.equal(masked[:2, [0, 1, 3]], logits[:2, [0, 1, 3]])
+    assert mask_banned(logits, {2}, 0) is logits and mask_banned(logits, set(), 3) is logits
+
+
+def tiny_heads():
+    """A full head and a certified (screen) head over the same tiny random weights, and hidden states."""
+    tiny = make_tiny_head(bias=True, seed=7, vocab=512, rows=6)
+    tensors, _ = build_screen(tiny.weight, group_size=0, progress=False)
+    certified = CertifiedHead(tiny.weight, tiny.bias, ScreenBound.from_stage(tiny.weight, tiny.bias, tensors))
+    return [FullHead(tiny.weight, tiny.bias), certified], tiny.hidden
+
+
+SELECT_CASES = {
+    "greedy": SamplingParams(),
+    "temperature": SamplingParams(temperature=0.9),
+    "top-k": SamplingParams(temperature=0.8, top_k=3),
+    "top-p": SamplingParams(temperature=1.0, top_p=0.5),
+}
+
+
+@pytest.mark.parametrize("params", SELECT_CASES.values(), ids=SELECT_CASES.keys())
+def test_select_allowed_equals_sampling_from_masked_logits(params):
+    """Each head's guarded choice is sample_full on masked logits with the same Gumbel noise, on the
+    guarded rows only, and the generator ends where an unguarded select leaves it."""
+    heads, hidden = tiny_heads()
+    B = hidden.shape[0]
+    full_logits = heads[0].logits(hidden)  # [B, V]
+    winners = full_logits.argmax(dim=1).tolist()
+    # Ban some rows' own winners (the redo path) and a token that wins nowhere (the shortcut path).
+    banned = {winners[0], winners[2], int(full_logits.sum(0).argmin())}
+    for head in heads:
+        for rows in (B, 3, 1):
+            gen = torch.Generator().manual_seed(5)
+            chosen = select_allowed(head, hidden, params, gen, banned, rows)
+            after = gen.get_state()
+            reference = torch.Generator().manual_seed(5)
+            noise = None if params.greedy else gumbel_noise(B, head.vocab_size, reference)
+            expected_rows = mask_banned(full_logits, banned, rows)
+            expected = [sample_full(expected_rows[b], params, None if noise is None else noise[b]) for b in range(B)]
+            assert chosen.tolist() == expected, (type(head).__name__, rows)
+            assert not set(chosen[:rows].tolist()) & banned
+            assert torch.equal(after, reference.get_state())
+
+
+def test_select_allowed_without_a_ban_is_select():
+    heads, hidden = tiny_heads()
+    params = SamplingParams(temperature=0.7)
+    for head in heads:
+        a = select_allowed(head, hidden, params, torch.Generator().manual_seed(1), frozenset())
+        b = head.select(hidden, params, torch.Generator().manual_seed(1))
+        assert torch.equal(a, b)
+        assert torch.equal(select_allowed(head, hidden, SamplingParams(), None, {1, 2}, 0), head.select(hidden, SamplingParams()))

@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 from runtime.heads.sampling import SamplingParams
-from runtime.verify import Verdict
+from runtime.verify import NO_BAN, TokenBan, Verdict
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,14 @@ def empty_proposal() -> Proposal:
 class Drafter(Protocol):
     """Proposes up to k tokens after a context; the loop calls reset, then propose / observe per round."""
 
-    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None) -> None:
-        """Start a new sequence; drafters that sample draw from `params`-warped q with `generator`."""
+    def reset(
+        self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None, ban: TokenBan = NO_BAN
+    ) -> None:
+        """Start a new sequence; drafters that sample draw from `params`-warped q with `generator`.
+
+        ban: ids to leave out of drafts at guarded positions (the EOS guard). Drafters whose
+        proposals carry q must exclude them from q; the loop cuts point-mass drafts itself.
+        """
         ...
 
     def propose(self, context: list[int], k: int) -> Proposal:

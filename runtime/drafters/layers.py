@@ -9,7 +9,7 @@ import torch
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.heads.sampling import SamplingParams
 from runtime.target import TorchCache, TorchTarget
-from runtime.verify import Verdict, sample_from, warp
+from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, sample_from, select_allowed, warp
 
 
 def truncated_decoder(body: torch.nn.Module, layers: int) -> torch.nn.Module:
@@ -48,13 +48,16 @@ class LayerDrafter:
         self.head = head  # its own instance: the drafter's rows must not count as the target's
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
+        self.ban = NO_BAN
         self.cache = TorchCache(self.body.config)
         self.cached: list[int] = []  # the tokens in self.cache, in order
         self.context_length = 0  # length of the context the last proposal followed
 
-    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None) -> None:
+    def reset(
+        self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None, ban: TokenBan = NO_BAN
+    ) -> None:
         """Fresh cache for a new sequence; the prompt is fed at the first proposal."""
-        self.params, self.generator = params, generator
+        self.params, self.generator, self.ban = params, generator, ban
         self.cache = TorchCache(self.body.config)
         self.cached = []
 
@@ -91,10 +94,11 @@ class LayerDrafter:
         hidden = self.feed(self._sync(context))  # [1, d]
         tokens, probs = [], []
         for i in range(k):
+            guarded = self.ban.rows(len(context) + i, 1)
             if self.params.greedy:
-                token = int(self.head.select(hidden, self.params)[0])
+                token = int(select_allowed(self.head, hidden, self.params, None, self.ban.ids, guarded)[0])
             else:
-                q = warp(self.head.logits(hidden), self.params)[0]  # [V]
+                q = warp(mask_banned(self.head.logits(hidden), self.ban.ids, guarded), self.params)[0]  # [V]
                 token = sample_from(q, self.generator)
                 probs.append(q)
             tokens.append(token)

@@ -6,7 +6,7 @@ import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.heads.sampling import SamplingParams
-from runtime.verify import Verdict
+from runtime.verify import NO_BAN, TokenBan, Verdict
 
 
 class NgramDrafter:
@@ -21,8 +21,10 @@ class NgramDrafter:
             raise ValueError("max_draft must be >= 1")
         self.max_ngram, self.min_ngram, self.max_draft = max_ngram, min_ngram, max_draft
 
-    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None) -> None:
-        """Nothing to prepare: the whole context is searched at every proposal."""
+    def reset(
+        self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None, ban: TokenBan = NO_BAN
+    ) -> None:
+        """Nothing to prepare: the whole context is searched at every proposal (the loop applies `ban`)."""
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """Tokens that followed the most recent earlier occurrence of the longest matching suffix."""
