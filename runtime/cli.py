@@ -55,12 +55,21 @@ def main() -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--method", type=click.Choice(["ar", "csv"]), default="csv", show_default=True)
+@click.option("--method", type=click.Choice(["ar", "csv", "spec"]), default="csv", show_default=True,
+              help="ar: full head; csv: certified head; spec: speculative decoding with --drafter.")
 @click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True,
-              help="csv: which certified bound.")
+              help="csv, or spec --target-head csv: which certified bound.")
 @click.option("--cluster-budget", type=float, default=0.25, show_default=True,
               help="csv --bound cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv --bound cluster: adapt the budget as in seed 000.")
+@click.option("--drafter", default="ngram", show_default=True, help="spec: ngram, ngram:MAX_NGRAM or layers:N.")
+@click.option("--gamma", type=int, default=4, show_default=True,
+              help="spec: tokens drafted per target forward (the starting value with --adaptive).")
+@click.option("--adaptive", is_flag=True, help="spec: gamma +1 after a fully accepted draft, -1 after a rejection.")
+@click.option("--target-head", type=click.Choice(["full", "csv"]), default="full", show_default=True,
+              help="spec: the head that verifies (csv: certified, bound from --bound; the drafter gets one too).")
+@click.option("--min-response-tokens", type=int, default=4, show_default=True,
+              help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
@@ -68,13 +77,16 @@ def main() -> None:
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @clean_errors
-def generate(artifact, method, bound, cluster_budget, adaptive_budget, prompt, prompt_file, chat, max_new_tokens, model,
+def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, gamma, adaptive, target_head,
+             min_response_tokens, prompt, prompt_file, chat, max_new_tokens, model,
              temperature, top_k, top_p, epsilon, seed) -> None:
-    """Generate text, streaming it, then print speed and certification stats.
+    """Generate text, streaming it, then print speed and certification (and drafting) stats.
 
     \b
     runtime generate art/g270 --method csv --prompt "def fib(n):"
     runtime generate art/g270 --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
+    runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"
+    runtime generate art/g270 --method spec --drafter layers:6 --adaptive --target-head csv --chat --prompt "Hi!"
     """
     from runtime.decode import generate_ar
     from runtime.prompting import TextStream, encode_prompt
@@ -82,25 +94,54 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, prompt, p
 
     text = _prompt_text(prompt, prompt_file)
     params = SamplingParams(temperature, top_k, top_p, epsilon)
+    certified = method == "csv" or (method == "spec" and target_head == "csv")
     if epsilon is not None and method != "csv":
         raise click.UsageError("--epsilon applies to --method csv only")
+    if min_response_tokens < 0:
+        raise click.UsageError("--min-response-tokens must be >= 0")
     session = open_session(artifact, model)
-    if method == "csv":
+    if certified:
         head = session.certified_head(bound, max_open_fraction=cluster_budget, adaptive_budget=adaptive_budget)
     else:
         head = session.full_head()
     ids = encode_prompt(session.tokenizer, text, chat)
     stream = TextStream(session.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    _, stats = generate_ar(session.target, head, ids, max_new_tokens, params,
-                           torch.Generator().manual_seed(seed), on_token=stream)
+    generator = torch.Generator().manual_seed(seed)
+    guard = min_response_tokens if chat else 0
+    if method == "spec":
+        from runtime.drafters import build_drafter
+        from runtime.heads import CertifiedHead
+        from runtime.speculative import generate_speculative
+
+        # The drafter's own head instance (sharing the certified bound): its rows are not the target's.
+        own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
+        draft = build_drafter(drafter, session.target, own)
+        _, stats = generate_speculative(session.target, head, draft, ids, max_new_tokens, params, generator,
+                                        gamma=gamma, adaptive=adaptive, on_token=stream, min_new_tokens=guard)
+        label = f"spec:{drafter}" + (f"+csv:{bound}" if certified else "")
+    else:
+        _, stats = generate_ar(session.target, head, ids, max_new_tokens, params, generator, on_token=stream,
+                               min_new_tokens=guard)
+        label = f"csv:{bound}" if method == "csv" else "ar"
     click.echo("")
     summary = stats.head.summary()
-    label = f"csv:{bound}" if method == "csv" else "ar"
     click.echo(
         f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode, prefill {stats.seconds_prefill:.2f} s; "
         f"certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
         f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary",
         err=True,
+    )
+    if method == "spec":
+        click.echo(_spec_line(stats.spec), err=True)
+
+
+def _spec_line(spec) -> str:
+    """One line of drafting stats: acceptance, and the closed-form throughput beside the measured one."""
+    per_position = ", ".join(f"{a:.0%}" for a in spec.acceptance_per_position)
+    return (
+        f"[spec] {spec.drafts} drafts, {spec.drafted} drafted, {spec.accepted} accepted; "
+        f"mean accepted length {spec.mean_accepted_length:.2f}, acceptance {spec.acceptance_rate:.1%} "
+        f"(per position: {per_position or '-'})"
     )
 
 

@@ -4,4 +4,21 @@ from runtime.drafters.base import Drafter, Proposal
 from runtime.drafters.layers import LayerDrafter
 from runtime.drafters.ngram import NgramDrafter
 
-__all__ = ["Drafter", "LayerDrafter", "NgramDrafter", "Proposal"]
+DRAFTERS_HELP = "ngram, ngram:MAX_NGRAM or layers:N"
+
+
+def build_drafter(spec: str, target, head) -> Drafter:
+    """A drafter from its command-line name (DRAFTERS_HELP); `head` is the drafter's own LM head
+    (layers:N), not the target's, so the drafter's rows do not count as the target's."""
+    match spec.strip().split(":"):
+        case ["ngram"]:
+            return NgramDrafter()
+        case ["ngram", n] if n.isdigit():
+            return NgramDrafter(max_ngram=int(n))
+        case ["layers", n] if n.isdigit():
+            return LayerDrafter(target, int(n), head)
+        case _:
+            raise ValueError(f"unknown drafter {spec!r}; use {DRAFTERS_HELP}")
+
+
+__all__ = ["DRAFTERS_HELP", "Drafter", "LayerDrafter", "NgramDrafter", "Proposal", "build_drafter"]

@@ -1,0 +1,102 @@
+"""`runtime generate --method spec` on a tiny random Llama directory (CliRunner, in process): the
+speculative text equals plain decoding's for every drafter and target head, and the drafting stats
+are printed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from prep.cli import main as prep_main
+from runtime.cli import main as runtime_main
+
+# The tiny tokenizer is word-level: the template joins the turns and ends with a generation prompt.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}hi{% endif %}"
+PROMPT = "hi w5 w9 w5 w9 w5"
+
+
+def invoke(args: list) -> Result:
+    return CliRunner().invoke(runtime_main, [str(a) for a in args])
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_model_dir: Path, tmp_path_factory) -> Path:
+    """`prep cluster` on a copy of the tiny model whose tokenizer has a chat template."""
+    root = tmp_path_factory.mktemp("cli-spec")
+    model = root / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    out = root / "art"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+        result = CliRunner().invoke(prep_main, ["cluster", str(model), "-o", str(out), "--clusters", "8"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def generate(artifact: Path, *extra) -> Result:
+    result = invoke(["generate", artifact, "--prompt", PROMPT, "--max-new-tokens", 12, *extra])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+SPEC_RUNS = {
+    "ngram": ["--drafter", "ngram"],
+    "ngram2-gamma2": ["--drafter", "ngram:2", "--gamma", "2"],
+    "layers1-adaptive": ["--drafter", "layers:1", "--adaptive"],
+    "layers1-csv": ["--drafter", "layers:1", "--target-head", "csv"],
+    "ngram-csv-cluster": ["--drafter", "ngram", "--target-head", "csv", "--bound", "cluster"],
+}
+
+
+@pytest.mark.parametrize("extra", SPEC_RUNS.values(), ids=SPEC_RUNS.keys())
+def test_generate_spec_prints_the_same_text_as_ar(artifact: Path, extra):
+    reference = generate(artifact, "--method", "ar").stdout
+    assert reference.strip(), "the tiny model produced no text: the comparison tests nothing"
+    result = generate(artifact, "--method", "spec", *extra)
+    assert result.stdout == reference
+    drafter = extra[1]
+    assert f"[spec:{drafter}" in result.stderr
+    for fragment in ("tok/s decode", "mean accepted length", "acceptance"):
+        assert fragment in result.stderr, fragment
+    if "csv" in extra:
+        assert "+csv:" in result.stderr
+
+
+def test_generate_spec_with_chat_and_the_guard_matches_ar(artifact: Path):
+    for guard in ("0", "4"):
+        chat = ["--chat", "--min-response-tokens", guard]
+        reference = generate(artifact, "--method", "ar", *chat).stdout
+        for drafter in ("ngram", "layers:1"):
+            assert generate(artifact, "--method", "spec", "--drafter", drafter, *chat).stdout == reference
+
+
+def test_generate_spec_sampled_runs(artifact: Path):
+    first = generate(artifact, "--method", "spec", "--drafter", "layers:1", "--temperature", "0.8", "--seed", "3")
+    again = generate(artifact, "--method", "spec", "--drafter", "layers:1", "--temperature", "0.8", "--seed", "3")
+    assert first.stdout == again.stdout and first.stdout.strip()
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--drafter", "draft-model"], "unknown drafter"),
+    (["--drafter", "layers:2"], "layers:N"),  # the tiny model has 2 layers: N must be below that
+    (["--gamma", "0"], "gamma"),
+], ids=["unknown", "too-deep", "gamma"])
+def test_generate_spec_bad_options_are_clean_errors(artifact: Path, extra, fragment):
+    result = invoke(["generate", artifact, "--method", "spec", *extra, "--prompt", "hi", "--max-new-tokens", 2])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.output
