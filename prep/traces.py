@@ -147,9 +147,13 @@ def trace_text(target: TorchTarget, ids: list[int], drafter_layers: list[int]) -
     return tensors
 
 
-def run_shard(target: TorchTarget, plan: ShardPlan, drafter_layers: list[int]) -> dict[str, torch.Tensor]:
+def run_shard(target: TorchTarget, plan: ShardPlan, drafter_layers: list[int], bar: tqdm | None = None) -> dict[str, torch.Tensor]:
     """Trace every text of a shard; rows of all texts concatenated, `doc` says whose row it is."""
-    parts = [trace_text(target, ids, drafter_layers) for ids in plan.ids]
+    parts = []
+    for ids in plan.ids:
+        parts.append(trace_text(target, ids, drafter_layers))
+        if bar is not None:
+            bar.update(len(ids))
     tensors = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
     tensors["doc"] = torch.cat([torch.full((len(ids),), doc, dtype=torch.int32) for doc, ids in zip(plan.docs, plan.ids)])
     tensors["split"] = torch.cat(
@@ -233,9 +237,8 @@ def build_traces(
         if done.get(plan.name) == entry and (out / plan.name).is_file():
             bar.update(plan.tokens)
         else:
-            tensors = run_shard(target, plan, settings["drafter_layers"])
+            tensors = run_shard(target, plan, settings["drafter_layers"], bar)
             _atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, tmp))
-            bar.update(plan.tokens)
         index["shards"].append(entry)
         write_index(out, index)  # after every shard, so an interrupted run resumes here
     bar.close()
