@@ -48,7 +48,9 @@ def main() -> None:
 
     \b
     runtime generate art/g270 --method csv --prompt "Write a haiku about rain."
+    runtime generate art/g270 --method spec --drafter ngram --prompt "def fib(n):"
     runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster
+    runtime bench-verify art/g270 --head csv
     runtime inspect art/g270
     """
 
@@ -141,7 +143,9 @@ def _spec_line(spec) -> str:
     return (
         f"[spec] {spec.drafts} drafts, {spec.drafted} drafted, {spec.accepted} accepted; "
         f"mean accepted length {spec.mean_accepted_length:.2f}, acceptance {spec.acceptance_rate:.1%} "
-        f"(per position: {per_position or '-'})"
+        f"(per position: {per_position or '-'}); predicted {spec.predicted_tokens_per_s:.2f} tok/s by seed 002's "
+        f"closed form (gamma {spec.gamma_mean:.2f}, T_D {1e3 * spec.seconds_draft_per_token:.2f} ms/token, "
+        f"T_V {1e3 * spec.seconds_verify_per_round:.2f} ms/round)"
     )
 
 
@@ -229,6 +233,65 @@ def bench_kernels(artifact, prompt, repeats) -> None:
     columns = [("kernel", "kernel", "{}"), ("activations", "activations", "{}"), ("ms", "ms", "{:.2f}"),
                ("vs_full_head", "time vs full head", "{:.2f}x"), ("max_error", "max abs error", "{:.2e}")]
     click.echo(markdown_rows(rows, columns))
+
+
+@main.command("bench-verify")
+@click.argument("artifact", type=click.Path())
+@click.option("--head", "head_kind", type=click.Choice(["full", "csv"]), default="full", show_default=True,
+              help="Head the greedy verifier selects with on the n rows (csv: certified, bound from --bound).")
+@click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True)
+@click.option("--prompts", "prompt_source", default="humaneval", show_default=True,
+              help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
+@click.option("--context", type=int, default=180, show_default=True, help="Tokens in the cache before the verify forward.")
+@click.option("--max-n", type=int, default=8, show_default=True, help="Largest number of tokens per verify forward.")
+@click.option("--repeats", type=int, default=10, show_default=True, help="Timings per n (the median is reported).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
+@click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@clean_errors
+def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, json_path, model) -> None:
+    """Time one target forward over n = 1..8 new tokens plus the greedy head work: T_V(n) / T_V(1).
+
+    \b
+    runtime bench-verify art/g270
+    runtime bench-verify art/g270 --head csv --repeats 20 --json bench-out/verify.json
+    """
+    from runtime.bench.report import markdown_rows
+    from runtime.bench.verify_cost import best_gamma, verify_cost, write_json
+    from runtime.data import load_prompts
+    from runtime.session import open_session
+
+    session = open_session(artifact, model)
+    head = session.certified_head(bound) if head_kind == "csv" else session.full_head()
+    tokens = _token_run(session.tokenizer, load_prompts(prompt_source, 64), context + max_n)
+    rows = verify_cost(session.target, head, tokens, context, max_n, repeats)
+    columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
+               ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
+    label = f"csv:{bound}" if head_kind == "csv" else "full"
+    click.echo(f"{session.model.info.name}, head {label}, cache {context} tokens, {torch.get_num_threads()} threads, "
+               f"median of {repeats}")
+    click.echo(markdown_rows(rows, columns))
+    choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
+    click.echo("best gamma with a free drafter (n-gram): " + ", ".join(
+        f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
+    if json_path:
+        record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
+                  "setup": {"model": session.model.info.name, "head": label, "context": context, "repeats": repeats,
+                            "threads": torch.get_num_threads(), "prompts": prompt_source},
+                  "rows": rows,
+                  "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}
+        write_json(record, Path(json_path))
+        click.echo(f"wrote {json_path}", err=True)
+
+
+def _token_run(tokenizer, texts: list[str], length: int) -> torch.Tensor:
+    """The first `length` token ids of the texts joined by blank lines [length]."""
+    ids: list[int] = []
+    for count in range(1, len(texts) + 1):
+        ids = tokenizer("\n\n".join(texts[:count]))["input_ids"]
+        if len(ids) >= length:
+            return torch.tensor(ids[:length], dtype=torch.long)
+    raise ValueError(f"the prompts give {len(ids)} tokens, {length} are needed: use a longer --prompts source "
+                     "or a smaller --context")
 
 
 @main.command()

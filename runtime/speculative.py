@@ -27,6 +27,7 @@ MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
 class SpecStats:
     """What drafting and verification did over one generation."""
 
+    rounds: int = 0  # target forwards after the prefill, drafted or not
     drafts: int = 0  # rounds that drafted at least one token
     drafted: int = 0
     accepted: int = 0
@@ -37,6 +38,7 @@ class SpecStats:
 
     def record(self, verdict: Verdict) -> None:
         """Count one round's drafts and acceptances."""
+        self.rounds += 1
         if verdict.drafted == 0:
             return
         self.drafts += 1
@@ -64,11 +66,58 @@ class SpecStats:
         """Fraction of drafts at each position that were accepted."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
+    @property
+    def gamma_mean(self) -> float:
+        """Tokens drafted per round, rounds without a draft included."""
+        return self.drafted / self.rounds if self.rounds else 0.0
+
+    @property
+    def seconds_draft_per_token(self) -> float:
+        """T_D: drafter seconds per drafted token (a round's drafting costs gamma T_D)."""
+        return self.seconds_draft / self.drafted if self.drafted else 0.0
+
+    @property
+    def seconds_verify_per_round(self) -> float:
+        """T_V(gamma + 1): one target forward over the drafts plus the head and the verifier."""
+        return self.seconds_verify / self.rounds if self.rounds else 0.0
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        """Seed 002's closed form (1 - a^(g+1)) / ((1 - a)(g T_D + T_V)) from this run's own
+        acceptance rate a, mean draft length g, drafter and verifier seconds.
+
+        The numerator is the expected tokens per round if each draft passed independently with
+        probability a; the measured mean accepted length shows how far that assumption holds.
+        """
+        if not self.rounds:
+            return 0.0
+        alpha, gamma = self.acceptance_rate, self.gamma_mean
+        expected = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        return expected * self.rounds / (self.seconds_draft + self.seconds_verify)
+
+    @classmethod
+    def combined(cls, runs: list["SpecStats"]) -> "SpecStats":
+        """The counters and seconds of several runs added up (bench: all prompts of a method)."""
+        total = cls()
+        for run in runs:
+            for name in ("rounds", "drafts", "drafted", "accepted", "seconds_draft", "seconds_verify"):
+                setattr(total, name, getattr(total, name) + getattr(run, name))
+            for mine, theirs in ((total.drafted_per_position, run.drafted_per_position),
+                                 (total.accepted_per_position, run.accepted_per_position)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, count in enumerate(theirs):
+                    mine[i] += count
+        return total
+
     def summary(self) -> dict:
         return {
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_rate": self.acceptance_rate,
             "acceptance_per_position": self.acceptance_per_position,
+            "gamma_mean": self.gamma_mean,
+            "seconds_draft_per_token": self.seconds_draft_per_token,
+            "seconds_verify_per_round": self.seconds_verify_per_round,
+            "predicted_tokens_per_s": self.predicted_tokens_per_s,
         }
 
 

@@ -69,7 +69,7 @@ def test_generate_spec_prints_the_same_text_as_ar(artifact: Path, extra):
     assert result.stdout == reference
     drafter = extra[1]
     assert f"[spec:{drafter}" in result.stderr
-    for fragment in ("tok/s decode", "mean accepted length", "acceptance"):
+    for fragment in ("tok/s decode", "mean accepted length", "acceptance", "predicted"):
         assert fragment in result.stderr, fragment
     if "csv" in extra:
         assert "+csv:" in result.stderr
@@ -100,3 +100,35 @@ def test_generate_spec_bad_options_are_clean_errors(artifact: Path, extra, fragm
     assert "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and fragment in errors[0], result.output
+
+
+def test_bench_verify_prints_the_ratio_table(artifact: Path, tmp_path: Path):
+    words = " ".join(f"w{4 + i % 200}" for i in range(60))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": words}]))
+    out = tmp_path / "verify.json"
+    for head in ("full", "csv"):
+        result = invoke(["bench-verify", artifact, "--head", head, "--prompts", prompts, "--context", 20,
+                         "--max-n", 4, "--repeats", 2, "--json", out])
+        assert result.exit_code == 0, result.output
+        assert "T_V(n) / T_V(1)" in result.stdout and "| 4 |" in result.stdout
+        assert "best gamma" in result.stdout
+        record = json.loads(out.read_text())
+        assert [row["n"] for row in record["rows"]] == [1, 2, 3, 4] and record["rows"][0]["ratio"] == 1.0
+        assert record["setup"]["head"] == ("full" if head == "full" else "csv:screen")
+    short = invoke(["bench-verify", artifact, "--prompts", prompts, "--context", 100])
+    assert short.exit_code != 0 and "--context" in short.output and "Traceback" not in short.output
+
+
+def test_bench_rows_carry_the_predicted_throughput(artifact: Path, tmp_path: Path):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": PROMPT}, {"text": "w7 w8 hi w7 w8"}]))
+    out = tmp_path / "b.json"
+    result = invoke(["bench", artifact, "--prompts", prompts, "--methods", "ar,spec:ngram", "-n", 2,
+                     "--max-new-tokens", 12, "--json", out])
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
+    assert rows["spec:ngram"]["identical_to_greedy"] == 1.0
+    assert rows["spec:ngram"]["predicted_tokens_per_s"] > 0
+    assert "predicted_tokens_per_s" not in rows["ar"]
+    assert "predicted tok/s" in out.with_suffix(".md").read_text()

@@ -19,6 +19,7 @@ COLUMNS = [
     ("required_open_fraction", "needed to certify", "{:.1%}"),
     ("mean_accepted_length", "mean accepted length", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.1%}"),
+    ("predicted_tokens_per_s", "predicted tok/s", "{:.2f}"),
     ("shortlist_fraction", "shortlist", "{:.1%}"),
 ]
 

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from runtime.bench.methods import Method
 from runtime.heads.sampling import SamplingParams
+from runtime.speculative import SpecStats
 from runtime.stats import DecodeStats, HeadStats
 
 REFERENCE = "ar"
@@ -91,14 +92,16 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
 
 
 def _speculative_fields(result: MethodResult) -> dict:
-    """mean_accepted_length and acceptance_rate over all prompts, for methods that draft."""
+    """mean_accepted_length, acceptance_rate and seed 002's predicted tokens/s over all prompts,
+    for methods that draft."""
     specs = [run.spec for run in result.runs if hasattr(run, "spec")]
     if not specs:
         return {}
-    drafts, drafted, accepted = (sum(getattr(s, f) for s in specs) for f in ("drafts", "drafted", "accepted"))
+    total = SpecStats.combined(specs)
     return {
-        "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": total.mean_accepted_length,
+        "acceptance_rate": total.acceptance_rate,
+        "predicted_tokens_per_s": total.predicted_tokens_per_s,
     }
 
 
