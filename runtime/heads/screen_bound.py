@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.heads.opened import Opened, exact_logits
-from runtime.kernels import screen_gemv, screen_select
+from runtime.kernels import kernel_name, screen_gemv, screen_select
 
 # Relative slack for the few float32 roundings after the dot products (radius scaling,
 # the +/- of center and radius, division by the temperature, adding noise).
@@ -71,6 +71,7 @@ class ScreenBound:
         self.qweight = qweight.contiguous()  # [V, d] int8
         self.scales = scales.float().contiguous()  # [V, G]
         self.coefficients = coefficients.float()  # [V]
+        kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
     def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict) -> "ScreenBound":
