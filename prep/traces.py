@@ -170,6 +170,7 @@ def _atomic_write(path: Path, write) -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; traces are ordinary data files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
