@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import click
 
-from artifacts import ArtifactError
 from artifacts.format import Stage
 from prep import stages
 from prep.recipes import load_recipe
-from runtime.models import DEFAULT_MODEL, ModelError, resolve_model
-
-
-def clean_errors(command):
-    """Turn expected failures into one-line click errors (exit 1, no traceback)."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except (ArtifactError, ModelError, ValueError, FileNotFoundError) as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
+from runtime.cli import clean_errors
+from runtime.models import DEFAULT_MODEL, resolve_model
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
