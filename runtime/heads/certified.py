@@ -35,7 +35,9 @@ class CertifiedHead:
         self.stats = HeadStats(vocab_size=self.vocab_size)
         # Two float32 evaluations of one logit (ours on gathered rows, the full head's GEMV) differ by at
         # most 2 gamma |W_i| |h|; a decision closer than that goes to the full head, so both agree.
-        self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * weight.double().norm(dim=1).float()  # [V]
+        # vector_norm accumulates in float64 without materializing a float64 copy of the head (1.3 GB for gemma).
+        row_norms = torch.linalg.vector_norm(weight, dim=1, dtype=torch.float64).float()  # [V]
+        self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * row_norms  # [V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full logits [B, V] (used by verifiers that need whole distributions)."""
