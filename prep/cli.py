@@ -9,6 +9,7 @@ import click
 from artifacts.format import Stage
 from prep import stages
 from prep.recipes import load_recipe
+from prep.router_loss import LOSSES
 from runtime.cli import clean_errors
 from runtime.models import DEFAULT_MODEL, resolve_model
 
@@ -72,49 +73,67 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
 @main.command("all")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
+@click.option("--with-router", is_flag=True, help="Also run the recipe's prep traces + prep train-router (~15 min).")
+@click.option("--traces", "traces_dir", default=None, help="Traces directory for --with-router (default: traces/NAME for -o art/NAME).")
 @click.option("--force", is_flag=True, help="Rebuild stages that already exist.")
 @clean_errors
-def all_stages(model: str, out: str, force: bool) -> None:
+def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool) -> None:
     """Run the model's recipe end to end; stages already built are kept (use --force to rebuild).
 
     \b
     prep all gemma3-270m -o art/g270
+    prep all gemma3-270m -o art/g270 --with-router
     prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
     """
     recipe = load_recipe(model)
     source = stages.open_for_writing(model, out, [], force)
-    todo = [stage for stage in (Stage.CLUSTERS, Stage.SCREEN) if force or not source.artifact.has_stage(stage)]
-    for stage in {Stage.CLUSTERS, Stage.SCREEN} - set(todo):
+    wanted = (Stage.CLUSTERS, Stage.SCREEN, Stage.ROUTER) if with_router else (Stage.CLUSTERS, Stage.SCREEN)
+    todo = [stage for stage in wanted if force or not source.artifact.has_stage(stage)]
+    for stage in set(wanted) - set(todo):
         click.echo(f"{stage}: already built, kept (pass --force to rebuild)", err=True)
     if Stage.CLUSTERS in todo:
         cfg = recipe["cluster"]
         stages.write_clusters(source, cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0, force)
     if Stage.SCREEN in todo:
         stages.write_screen(source, parse_group_size(recipe["screen"]["group_size"]), force)
+    if Stage.ROUTER in todo:
+        from pathlib import Path
+
+        from prep.router_train import router_from_recipe
+
+        traces_dir = traces_dir or str(Path("traces") / Path(out).name)
+        params = router_from_recipe(source.model, source.artifact, recipe["router"], traces_dir, force)
+        click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
+                   f"traces in {traces_dir}", err=True)
     click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
 
 
 @main.command("traces")
 @click.argument("model", default=DEFAULT_MODEL)
-@click.option("--corpus", default="sharegpt", show_default=True, help="sharegpt, humaneval, or a JSON file of {\"text\": ...} objects.")
+@click.option("--corpus", default=None, help="sharegpt, humaneval, or a JSON file of {\"text\": ...} objects (default: the recipe's).")
 @click.option("-o", "--out", required=True, help="Traces directory to create or complete.")
-@click.option("--max-tokens", type=int, default=200_000, show_default=True, help="Total token budget.")
+@click.option("--max-tokens", type=int, default=None, help="Total token budget (default: the recipe's).")
 @click.option("--shard-tokens", type=int, default=16_384, show_default=True, help="Tokens per shard (the resume unit).")
-@click.option("--max-tokens-per-text", type=int, default=512, show_default=True)
-@click.option("--drafter-layers", default="", help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 6 or 4,6.")
+@click.option("--max-tokens-per-text", type=int, default=None, help="Default: the recipe's.")
+@click.option("--drafter-layers", default=None,
+              help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 16 or 15,16; 0 = none (default: the recipe's).")
 @clean_errors
-def traces(model: str, corpus: str, out: str, max_tokens: int, shard_tokens: int, max_tokens_per_text: int, drafter_layers: str) -> None:
+def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_tokens_per_text, drafter_layers) -> None:
     """Run the target teacher-forced over a corpus and write trace shards (resumable).
 
     \b
-    prep traces gemma3-270m --corpus sharegpt -o traces/g270 --drafter-layers 6
-    prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000
+    prep traces gemma3-270m -o traces/g270
+    prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000 --drafter-layers 16
     """
-    from prep.traces import build_traces
+    from prep.traces import build_traces, parse_layers
     from runtime.models import load_model
     from runtime.target import TorchTarget, eos_ids
 
-    layers = [int(n) for n in drafter_layers.split(",") if n.strip()] if drafter_layers else []
+    cfg = load_recipe(model)["router"]
+    corpus = corpus or cfg["corpus"]
+    max_tokens = max_tokens or cfg["max_tokens"]
+    max_tokens_per_text = max_tokens_per_text or cfg["max_tokens_per_text"]
+    layers = parse_layers(cfg["drafter_layers"] if drafter_layers is None else drafter_layers)
     if max_tokens < 1 or shard_tokens < 1 or max_tokens_per_text < 2:
         raise click.BadParameter("token counts must be positive (at least 2 tokens per text)")
     loaded = load_model(model)
@@ -128,11 +147,13 @@ def traces(model: str, corpus: str, out: str, max_tokens: int, shard_tokens: int
 @main.command("train-router")
 @click.argument("artifact")
 @click.option("--traces", "traces_dir", required=True, help="Traces directory written by prep traces.")
-@click.option("--clusters", type=int, default=256, show_default=True, help="Token clusters M (spherical k-means of the head rows).")
+@click.option("--clusters", type=int, default=None, help="Token clusters M, spherical k-means of the head rows (default: the recipe's).")
 @click.option("--hidden", default=None, help="Router hidden input: final or layers:N (default: the traces' only drafter depth, else final).")
-@click.option("--width", type=int, default=512, show_default=True, help="Router MLP width.")
-@click.option("--max-steps", type=int, default=2000, show_default=True)
-@click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--loss", type=click.Choice(LOSSES), default=None,
+              help="ce: the cluster of the target's top-1; multilabel: the clusters of its top tokens (default: the recipe's).")
+@click.option("--width", type=int, default=None, help="Router MLP width (default: the recipe's).")
+@click.option("--max-steps", type=int, default=None, help="Default: the recipe's.")
+@click.option("--batch-size", type=int, default=None, help="Default: the recipe's.")
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--devices", default="auto", show_default=True, help="Lightning devices (e.g. 1, 4, auto).")
 @click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator (cpu, gpu, auto).")
@@ -143,13 +164,14 @@ def traces(model: str, corpus: str, out: str, max_tokens: int, shard_tokens: int
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: TRACES/router-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing router stage.")
 @clean_errors
-def train_router_command(artifact: str, traces_dir: str, clusters: int, hidden, width: int, max_steps: int, batch_size: int,
+def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss, width, max_steps, batch_size,
                          lr: float, devices: str, accelerator: str, precision: str, strategy: str, num_nodes: int,
                          seed: int, work_dir, force: bool) -> None:
     """Train the DynaSpec router on traces (Lightning) and export stage `router` (safetensors + ONNX).
 
     \b
     prep train-router art/g270 --traces traces/g270
+    prep train-router art/g270 --traces traces/g270 --loss multilabel --work-dir runs/ml --force
     prep train-router art/g270 --traces traces/g270 --devices 4 --strategy ddp --precision bf16-mixed
     """
     from pathlib import Path
@@ -158,10 +180,12 @@ def train_router_command(artifact: str, traces_dir: str, clusters: int, hidden, 
     from runtime.session import open_session
 
     session = open_session(artifact)
+    cfg = load_recipe(session.model.info.name)["router"]
     flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
              "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
-    params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters, hidden, width,
-                          max_steps, batch_size, lr, seed, trainer_flags=flags, force=force)
+    params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters or cfg["clusters"],
+                          hidden, width or cfg["width"], max_steps or cfg["max_steps"], batch_size or cfg["batch_size"],
+                          lr, seed, loss=loss or cfg["loss"], trainer_flags=flags, force=force)
     recall = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/recall@")}
     sizes = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/shortlist@")}
     for k in recall:

