@@ -10,6 +10,7 @@ import torch
 
 from runtime.heads.sampling import SamplingParams
 from runtime.stats import DecodeStats
+from runtime.stopping import StopStrings
 from runtime.target import TargetModel
 from runtime.verify import select_allowed
 
@@ -24,11 +25,13 @@ def generate_ar(
     on_token: Callable[[int], None] | None = None,
     stop_at_eos: bool = True,
     min_new_tokens: int = 0,
+    stop: StopStrings | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Plain autoregressive decoding: one target forward and one head call per new token.
 
     prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats.
     min_new_tokens: EOS is excluded from the first that many tokens (the min-response guard).
+    stop: stop strings; the tokens end with the one that completes a stop string (included).
     """
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
@@ -48,6 +51,8 @@ def generate_ar(
         if on_token is not None:
             on_token(token)
         if (stop_at_eos and token in target.eos_token_ids) or step == max_new_tokens - 1:
+            break
+        if stop is not None and stop.hit(tokens):
             break
         hidden = target.forward(torch.tensor([token]), cache)  # [1, d]
         stats.forwards += 1

@@ -17,6 +17,7 @@ import torch
 from runtime.drafters.base import Drafter, Proposal
 from runtime.heads.sampling import SamplingParams
 from runtime.stats import DecodeStats
+from runtime.stopping import StopStrings
 from runtime.target import TargetModel
 from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, select_allowed, verify_exact, verify_greedy, warp
 
@@ -190,6 +191,7 @@ def generate_speculative(
     adaptive: bool = False,
     on_token: Callable[[int], None] | None = None,
     min_new_tokens: int = 0,
+    stop: StopStrings | None = None,
 ) -> tuple[list[int], SpecDecodeStats]:
     """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward.
 
@@ -197,6 +199,8 @@ def generate_speculative(
     first token comes from the prefill as in generate_ar, so prefill timings compare across methods.
     min_new_tokens: EOS is excluded from the first that many tokens, in drafts and in the
     target's choices (the min-response guard; generate_ar's parameter of the same name).
+    stop: stop strings, checked after every appended token (accepted, recovered or bonus); the
+    tokens end with the one that completes a stop string (included), as in generate_ar.
     """
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
@@ -213,13 +217,15 @@ def generate_speculative(
     ban = TokenBan.min_response(target.eos_token_ids, len(context), min_new_tokens)
 
     def emit(new: list[int]) -> bool:
-        """Append tokens until EOS or the token limit; True when generation is over."""
+        """Append tokens until EOS, a stop string or the token limit; True when generation is over."""
         for token in new:
             tokens.append(token)
             context.append(token)
             if on_token is not None:
                 on_token(token)
             if token in target.eos_token_ids or len(tokens) == max_new_tokens:
+                return True
+            if stop is not None and stop.hit(tokens):
                 return True
         return False
 
