@@ -35,16 +35,16 @@ def truncated_decoder(body: torch.nn.Module, layers: int) -> torch.nn.Module:
     return clone
 
 
-class LayerDrafter:
-    """Drafts with the target's first N layers + final norm + head, keeping its own KV cache.
+class DecoderDrafter:
+    """Drafts with a transformers decoder (final-normed output) and an LM head, keeping its own KV cache.
 
-    Greedy drafts are the head's choices (`head.select`, so a certified head stays cheap); sampled
-    drafts are drawn from the warped draft distribution q, which the proposal carries for exact
-    verification.
+    The decoder is some cheaper copy of the target's (fewer layers, low-rank weights). Greedy drafts
+    are the head's choices (`head.select`, so a certified head stays cheap); sampled drafts are drawn
+    from the warped draft distribution q, which the proposal carries for exact verification.
     """
 
-    def __init__(self, target: TorchTarget, layers: int, head) -> None:
-        self.body = truncated_decoder(target.body, layers)
+    def __init__(self, body: torch.nn.Module, head) -> None:
+        self.body = body
         self.head = head  # its own instance: the drafter's rows must not count as the target's
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
@@ -87,7 +87,7 @@ class LayerDrafter:
         return context[common:]
 
     def propose(self, context: list[int], k: int) -> Proposal:
-        """k tokens drawn one at a time from the truncated model."""
+        """k tokens drawn one at a time from the drafter's decoder."""
         self.context_length = len(context)
         if k <= 0:
             return empty_proposal()
@@ -109,3 +109,10 @@ class LayerDrafter:
     def observe(self, verdict: Verdict) -> None:
         """Drop the cached drafts the verifier rejected."""
         self._crop(min(len(self.cached), self.context_length + verdict.accepted))
+
+
+class LayerDrafter(DecoderDrafter):
+    """Drafts with the target's first N layers + final norm + head (see DecoderDrafter)."""
+
+    def __init__(self, target: TorchTarget, layers: int, head) -> None:
+        super().__init__(truncated_decoder(target.body, layers), head)
