@@ -28,6 +28,14 @@ def clean_errors(command):
     return wrapper
 
 
+def backend_option(command):
+    """The --backend option shared by the commands that run the model."""
+    return click.option(
+        "--backend", type=click.Choice(["auto", "lean", "transformers"]), default="auto", show_default=True,
+        help="Forward implementation: lean (hand-written, gemma3/qwen2/llama), transformers, or auto (lean where supported).",
+    )(command)
+
+
 def sampling_options(command):
     """--temperature/--top-k/--top-p/--epsilon/--seed, shared by generate and bench."""
     options = [
@@ -76,23 +84,28 @@ def main() -> None:
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--stop", "stops", multiple=True,
+              help="End once the response contains this text (repeatable; \\n, \\t escapes work); the stop text is kept.")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
+@backend_option
 @clean_errors
 def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, gamma, adaptive, target_head,
-             min_response_tokens, prompt, prompt_file, chat, max_new_tokens, model,
-             temperature, top_k, top_p, epsilon, seed) -> None:
+             min_response_tokens, prompt, prompt_file, chat, max_new_tokens, stops, model,
+             temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Generate text, streaming it, then print speed and certification (and drafting) stats.
 
     \b
     runtime generate art/g270 --method csv --prompt "def fib(n):"
     runtime generate art/g270 --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
+    runtime generate art/g270 --method csv --stop "\\n\\n" --prompt "def fib(n):"
     runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"
     runtime generate art/g270 --method spec --drafter layers:6 --adaptive --target-head csv --chat --prompt "Hi!"
     """
     from runtime.decode import generate_ar
     from runtime.prompting import TextStream, encode_prompt
     from runtime.session import open_session
+    from runtime.stopping import StopStrings
 
     text = _prompt_text(prompt, prompt_file)
     params = SamplingParams(temperature, top_k, top_p, epsilon)
@@ -101,7 +114,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
         raise click.UsageError("--epsilon applies to --method csv only")
     if min_response_tokens < 0:
         raise click.UsageError("--min-response-tokens must be >= 0")
-    session = open_session(artifact, model)
+    session = open_session(artifact, model, backend=backend)
     if certified:
         head = session.certified_head(bound, max_open_fraction=cluster_budget, adaptive_budget=adaptive_budget)
     else:
@@ -110,6 +123,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     stream = TextStream(session.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     generator = torch.Generator().manual_seed(seed)
     guard = min_response_tokens if chat else 0
+    stop = StopStrings(session.tokenizer, [_unescape(s) for s in stops]) if stops else None
     if method == "spec":
         from runtime.drafters import build_drafter
         from runtime.heads import CertifiedHead
@@ -119,11 +133,12 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
         own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
         draft = build_drafter(drafter, session.target, own)
         _, stats = generate_speculative(session.target, head, draft, ids, max_new_tokens, params, generator,
-                                        gamma=gamma, adaptive=adaptive, on_token=stream, min_new_tokens=guard)
+                                        gamma=gamma, adaptive=adaptive, on_token=stream, min_new_tokens=guard,
+                                        stop=stop)
         label = f"spec:{drafter}" + (f"+csv:{bound}" if certified else "")
     else:
         _, stats = generate_ar(session.target, head, ids, max_new_tokens, params, generator, on_token=stream,
-                               min_new_tokens=guard)
+                               min_new_tokens=guard, stop=stop)
         label = f"csv:{bound}" if method == "csv" else "ar"
     click.echo("")
     summary = stats.head.summary()
@@ -149,6 +164,11 @@ def _spec_line(spec) -> str:
     )
 
 
+def _unescape(text: str) -> str:
+    """--stop '\\n\\n' as typed in a shell means two newlines: backslash escapes are decoded."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     if (prompt is None) == (prompt_file is None):
         raise click.UsageError("give exactly one of --prompt or --prompt-file")
@@ -167,9 +187,10 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
               help="JSON output; the .md table and .png plot go beside it.")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
+@backend_option
 @clean_errors
 def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, json_path, model,
-          temperature, top_k, top_p, epsilon, seed) -> None:
+          temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s and speedup over ar in one run.
 
     \b
@@ -188,7 +209,7 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, j
     if "ar" not in names:
         names.insert(0, "ar")  # speedups are always against ar measured in the same run
     params = SamplingParams(temperature, top_k, top_p, epsilon)
-    session = open_session(artifact, model)
+    session = open_session(artifact, model, backend=backend)
     built = [build_method(session, name) for name in names]
     texts = load_prompts(prompt_source, num_prompts)
     prompts = [encode_prompt(session.tokenizer, text, chat) for text in texts]
@@ -213,8 +234,9 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, j
 @click.argument("artifact", type=click.Path())
 @click.option("--prompt", default="def fibonacci(n):", show_default=True, help="Text whose last hidden state is screened.")
 @click.option("--repeats", type=int, default=20, show_default=True)
+@backend_option
 @clean_errors
-def bench_kernels(artifact, prompt, repeats) -> None:
+def bench_kernels(artifact, prompt, repeats, backend) -> None:
     """Time the screening-kernel candidates against the full head, in one run, on a real hidden state.
 
     \b
@@ -226,7 +248,7 @@ def bench_kernels(artifact, prompt, repeats) -> None:
     from runtime.prompting import encode_prompt
     from runtime.session import open_session
 
-    session = open_session(artifact)
+    session = open_session(artifact, backend=backend)
     ids = encode_prompt(session.tokenizer, prompt)
     hidden = session.target.forward(ids, session.target.new_cache())[-1:].float()  # [1, d]
     rows = compare_kernels(session.target.head_weight, session.artifact.read_stage(Stage.SCREEN), hidden, repeats)
@@ -247,8 +269,9 @@ def bench_kernels(artifact, prompt, repeats) -> None:
 @click.option("--repeats", type=int, default=10, show_default=True, help="Timings per n (the median is reported).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@backend_option
 @clean_errors
-def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, json_path, model) -> None:
+def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, json_path, model, backend) -> None:
     """Time one target forward over n = 1..8 new tokens plus the greedy head work: T_V(n) / T_V(1).
 
     \b
@@ -260,7 +283,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     from runtime.data import load_prompts
     from runtime.session import open_session
 
-    session = open_session(artifact, model)
+    session = open_session(artifact, model, backend=backend)
     head = session.certified_head(bound) if head_kind == "csv" else session.full_head()
     tokens = _token_run(session.tokenizer, load_prompts(prompt_source, 64), context + max_n)
     rows = verify_cost(session.target, head, tokens, context, max_n, repeats)

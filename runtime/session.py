@@ -9,6 +9,7 @@ from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound
 from runtime.models import LoadedModel, load_model
+from runtime.backend import make_target
 from runtime.target import TorchTarget, eos_ids
 
 BOUNDS = ("screen", "cluster")
@@ -54,10 +55,15 @@ def model_spec_of(artifact: Artifact) -> str:
     return info.name
 
 
-def open_session(artifact_path: str | Path, model: str | None = None, progress: bool = True) -> Session:
-    """Open ART, load its model (or `model`), and refuse a model whose fingerprint differs."""
+def open_session(
+    artifact_path: str | Path, model: str | None = None, progress: bool = True, backend: str = "auto"
+) -> Session:
+    """Open ART, load its model (or `model`), and refuse a model whose fingerprint differs.
+
+    backend: auto (the lean forward where supported), lean or transformers (runtime.backend).
+    """
     artifact = Artifact.open(artifact_path)
     loaded = load_model(model or model_spec_of(artifact), progress=progress)
     artifact.check_model(loaded.info)
-    target = TorchTarget(loaded.model, eos_ids(loaded.model, loaded.tokenizer))
+    target = make_target(loaded.model, eos_ids(loaded.model, loaded.tokenizer), backend)
     return Session(artifact, loaded, target)
