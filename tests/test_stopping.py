@@ -93,3 +93,30 @@ def test_empty_stop_strings_are_refused(tiny):
         StopStrings(tiny[1], ["w5", ""])
     with pytest.raises(ValueError, match="non-empty"):
         StopStrings(tiny[1], [])
+
+
+def test_generate_cli_stops_at_the_stop_text(tiny_model_dir, tmp_path, monkeypatch):
+    """`runtime generate --stop` ends the printed text at the stop text, plain and speculative alike."""
+    from click.testing import CliRunner
+
+    from prep.cli import main as prep_main
+    from runtime.cli import main as runtime_main
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    art = tmp_path / "art"
+    built = CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(art), "--clusters", "8"])
+    assert built.exit_code == 0, built.output
+
+    def generate(*extra) -> str:
+        result = CliRunner().invoke(runtime_main, ["generate", str(art), "--method", "ar", "--prompt", "w5 w6 w7 w8",
+                                                   "--max-new-tokens", "12", *extra])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    text = generate().strip()
+    stop = " ".join(text.split()[3:5])  # whole words: the cut falls on a token boundary
+    expected = text[: text.index(stop) + len(stop)]
+    assert len(expected) < len(text)
+    for method in (["--method", "ar"], ["--method", "spec", "--drafter", "layers:1"]):
+        assert generate(*method, "--stop", "never", "--stop", stop).strip() == expected
+    assert generate("--stop", "\\n") == generate()  # the escape reads as a newline, which never occurs
