@@ -12,6 +12,16 @@ from runtime.target import TorchCache, TorchTarget
 from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, sample_from, select_allowed, warp
 
 
+def shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of a module that shares its weights but has its own module, parameter and buffer tables."""
+    clone = copy.copy(module)
+    # copy.copy shares nn.Module's internal dicts; replace them before assigning anything.
+    clone._modules = dict(module._modules)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    return clone
+
+
 def truncated_decoder(body: torch.nn.Module, layers: int) -> torch.nn.Module:
     """A shallow copy of a transformers decoder that runs only its first `layers` layers.
 
@@ -21,11 +31,7 @@ def truncated_decoder(body: torch.nn.Module, layers: int) -> torch.nn.Module:
     total = body.config.num_hidden_layers
     if not 1 <= layers < total:
         raise ValueError(f"layers:N needs 1 <= N < {total} (the target's layer count), got {layers}")
-    clone = copy.copy(body)
-    # copy.copy shares nn.Module's internal dicts; replace them before assigning anything.
-    clone._modules = dict(body._modules)
-    clone._parameters = dict(body._parameters)
-    clone._buffers = dict(body._buffers)
+    clone = shallow_copy(body)
     clone.layers = torch.nn.ModuleList(list(body.layers)[:layers])
     config = copy.deepcopy(body.config)
     config.num_hidden_layers = layers
