@@ -13,6 +13,8 @@ import torch
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
+from prep.recipes import DEFAULTS
+from prep.router_loss import positive_clusters, router_loss
 from prep.traces import INDEX_FILE, split_of
 from runtime.bench.methods import build_method
 from runtime.decode import generate_ar
@@ -135,8 +137,9 @@ def test_shortlist_head_scores_only_its_clusters(tiny_head):
 
 
 @pytest.mark.parametrize("method", ["dynaspec:layers:1:k=1", "dynaspec:layers:1:k=4:schedule=position:router=torch",
-                                    "frspec:layers:1:20:gamma=3"])
-def test_shortlisted_drafters_keep_greedy_output(built, method):
+                                    "dynaspec:layers:1:k=2:overlap=1", "frspec:layers:1:20:gamma=3",
+                                    "screenspec:layers:1"])
+def test_cheap_drafter_heads_keep_greedy_output(built, method):
     session, _, _ = built
     prompts = [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]
     run = build_method(session, method).decode
@@ -145,7 +148,8 @@ def test_shortlisted_drafters_keep_greedy_output(built, method):
         expected, _ = generate_ar(session.target, head, prompt, 24, SamplingParams())
         tokens, stats = run(prompt, 24, SamplingParams(), torch.Generator().manual_seed(0))
         assert tokens == expected
-        assert 0 < stats.shortlist_fraction < 1 and stats.to_json()["shortlist_fraction"] == stats.shortlist_fraction
+        if not method.startswith("screenspec"):
+            assert 0 < stats.shortlist_fraction < 1 and stats.to_json()["shortlist_fraction"] == stats.shortlist_fraction
 
 
 def test_routed_drafter_samples_exactly_in_the_loop(built):
@@ -175,3 +179,55 @@ def test_verification_repairs_a_shortlisted_q():
     # The sampling error of an empirical distribution on 12 outcomes at n = 20k is ~0.01 in TV.
     assert tv < 0.03
     assert 0.5 * (q[0] - p[0]).abs().sum() > 0.1  # q itself is far from p
+
+
+def test_router_overlap_routes_like_the_sequential_drafter(built):
+    """The router in a second thread sees the same inputs: the same shortlists, step for step."""
+    session, _, _ = built
+    prompt = torch.tensor([5, 9, 200, 31, 77])
+    stats = [build_method(session, f"dynaspec:layers:1:k=3:overlap={o}").decode(
+        prompt, 20, SamplingParams(), torch.Generator().manual_seed(0))[1] for o in (0, 1)]
+    assert stats[0].shortlist == stats[1].shortlist
+
+
+def test_screen_draft_head_drafts_from_the_int8_logits(built):
+    session, _, _ = built
+    from artifacts.format import Stage
+    from runtime.heads import ScreenBound
+    from runtime.heads.screen_draft import ScreenDraftHead
+
+    target = session.target
+    head = ScreenDraftHead(ScreenBound.from_stage(target.head_weight, target.head_bias, session.artifact.read_stage(Stage.SCREEN)))
+    hidden = torch.randn(4, target.hidden_size, generator=torch.Generator().manual_seed(0)) * 10
+    approx, exact = head.logits(hidden), FullHead(target.head_weight, target.head_bias).logits(hidden)
+    assert approx.shape == exact.shape and (approx - exact).abs().max() < 0.05 * exact.abs().max()
+    assert torch.equal(head.select(hidden, SamplingParams()), approx.argmax(1))
+
+
+def test_multilabel_positives_and_loss():
+    labels = torch.tensor([0, 0, 1, 2, 3])  # cluster per token
+    top_ids = torch.tensor([[2, 0, 4], [4, 3, 1]])
+    top_probs = torch.tensor([[0.5, 0.3, 0.01], [0.02, 0.9, 0.08]])
+    positives = positive_clusters(labels, top_ids, top_probs)
+    assert positives.tolist() == [[1, 0, -1], [3, 2, 0]]  # the top-1's cluster is kept at any probability
+    scores = torch.full((2, 4), -20.0)
+    scores[0, [0, 1]] = scores[1, [0, 2, 3]] = 20.0
+    assert router_loss("multilabel", scores, positives) < 1e-6
+    assert router_loss("ce", scores, positives) > router_loss("ce", scores.index_fill(1, torch.tensor([1, 3]), 40.0), positives)
+    with pytest.raises(ValueError, match="ce or multilabel"):
+        router_loss("focal", scores, positives)
+
+
+def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, monkeypatch):
+    """prep all --with-router: traces + a multi-label router from the recipe's [router] section."""
+    _, _, corpus = built
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(DEFAULTS, "cluster", {"clusters": 8, "iterations": 2, "top_m_bias": 3})
+    monkeypatch.setitem(DEFAULTS, "router", {
+        "corpus": str(corpus), "max_tokens": 1500, "max_tokens_per_text": 64, "drafter_layers": 1, "clusters": 16,
+        "width": 16, "max_steps": 3, "batch_size": 64, "loss": "multilabel"})
+    art, traces = tmp_path / "art", tmp_path / "traces"
+    invoke(["all", tiny_model_dir, "-o", art, "--with-router", "--traces", traces])
+    params = RouterStage.load(open_session(art, progress=False).artifact).params
+    assert params["loss"] == "multilabel" and params["hidden"] == "layers:1" and params["steps"] == 3
+    assert 1400 <= sum(e["tokens"] for e in json.loads((traces / INDEX_FILE).read_text())["shards"]) <= 1500

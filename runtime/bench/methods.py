@@ -12,7 +12,7 @@ import torch
 
 from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter
-from runtime.heads import CertifiedHead
+from runtime.heads import CertifiedHead, ScreenBound
 from runtime.heads.sampling import SamplingParams
 from runtime.session import BOUNDS, Session
 from runtime.speculative import generate_speculative
@@ -101,7 +101,8 @@ def build_method(session: Session, spec: str) -> Method:
 def _shortlist_options(args: list[str], known: tuple[str, ...]) -> tuple[int, dict[str, str], list[str]]:
     """Split 'layers:N[:key=value...]' (DynaSpec, FR-Spec) into N, the known options and the rest."""
     if len(args) < 2 or args[0] != "layers" or not args[1].isdigit():
-        raise ValueError("shortlist methods take a layers:N drafter, e.g. dynaspec:layers:6 or frspec:layers:6:26214")
+        raise ValueError("dynaspec, frspec and screenspec take a layers:N drafter, e.g. dynaspec:layers:16, "
+                         "frspec:layers:16:26214 or screenspec:layers:16")
     options, rest = {}, []
     for part in args[2:]:
         key, _, value = part.partition("=")
@@ -113,19 +114,21 @@ def _shortlist_options(args: list[str], known: tuple[str, ...]) -> tuple[int, di
 
 
 def _dynaspec(session: Session, args: list[str]) -> Decoder:
-    """dynaspec:layers:N[:k=K][:schedule=fixed|position][:router=onnx|torch][:gamma=G][:adaptive]: the
-    layers:N drafter with a router-chosen shortlist head (K clusters, default 16), full verification."""
+    """dynaspec:layers:N[:k=K][:schedule=fixed|position][:router=onnx|torch][:overlap=0|1][:gamma=G][:adaptive]:
+    the layers:N drafter with a router-chosen shortlist head (K clusters, default 16), full verification;
+    overlap=1 runs the router in a second thread beside the drafter's forward."""
     from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage, with_shortlist_stats
 
-    layers, options, rest = _shortlist_options(args, ("k", "schedule", "router"))
+    layers, options, rest = _shortlist_options(args, ("k", "schedule", "router", "overlap"))
     drafter_args, gamma, adaptive, certified = _spec_options(rest)
-    if certified or drafter_args:
-        raise ValueError(f"dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, gamma=G, adaptive; got {':'.join(args)}")
+    if certified or drafter_args or options.get("overlap", "0") not in ("0", "1"):
+        raise ValueError("dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1, gamma=G, "
+                         f"adaptive; got {':'.join(args)}")
     stage = RouterStage.load(session.artifact)
     stage.check_hidden(layers)
     head = stage.cluster_head(session.target)
     drafter = RoutedLayerDrafter(session.target, layers, head, stage.runner(options.get("router", "onnx")),
-                                 int(options.get("k", 16)), options.get("schedule", "fixed"))
+                                 int(options.get("k", 16)), options.get("schedule", "fixed"), options.get("overlap") == "1")
     target_head = session.full_head()
     return with_shortlist_stats(lambda prompt, n, params, gen: generate_speculative(
         session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive), head)
@@ -149,5 +152,24 @@ def _frspec(session: Session, args: list[str]) -> Decoder:
         session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive), head)
 
 
+def _screenspec(session: Session, args: list[str]) -> Decoder:
+    """screenspec:layers:N[:gamma=G][:adaptive]: the layers:N drafter whose head is the int8 screening
+    copy (approximate logits, no certification: verification is full-vocabulary)."""
+    from artifacts.format import Stage
+    from runtime.heads.screen_draft import ScreenDraftHead
+
+    layers, _, rest = _shortlist_options(args, ())
+    drafter_args, gamma, adaptive, certified = _spec_options(rest)
+    if certified or drafter_args:
+        raise ValueError(f"screenspec options are gamma=G and adaptive; got {':'.join(args)}")
+    target = session.target
+    head = ScreenDraftHead(ScreenBound.from_stage(target.head_weight, target.head_bias, session.artifact.read_stage(Stage.SCREEN)))
+    drafter = LayerDrafter(target, layers, head)
+    target_head = session.full_head()
+    return lambda prompt, n, params, gen: generate_speculative(
+        target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive)
+
+
 METHODS["dynaspec"] = _dynaspec
 METHODS["frspec"] = _frspec
+METHODS["screenspec"] = _screenspec

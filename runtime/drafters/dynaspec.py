@@ -2,12 +2,14 @@
 
 DynaSpec (seed 001): before each draft token, the router scores clusters from the embedding of
 the token just fed, E(x_t), and the drafter's hidden state one position earlier, h_{t-1}; the
-head then scores only the union of the top-k(t) clusters. FR-Spec: the same drafter with a
+head then scores only the union of the top-k(t) clusters. Neither input waits for the drafter's
+forward at step t, so with `overlap` the router runs in a second thread beside that forward. FR-Spec: the same drafter with a
 static list of the tokens most frequent in the traces. Verification stays full-vocabulary.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -65,7 +67,8 @@ class RoutedLayerDrafter(LayerDrafter):
     """LayerDrafter whose ShortlistHead is re-chosen by the router before every draft token."""
 
     def __init__(
-        self, target: TorchTarget, layers: int, head: ShortlistHead, router: RouterRunner, k_max: int, schedule: str = "fixed"
+        self, target: TorchTarget, layers: int, head: ShortlistHead, router: RouterRunner, k_max: int,
+        schedule: str = "fixed", overlap: bool = False,
     ) -> None:
         super().__init__(target, layers, head)
         if schedule not in SCHEDULES:
@@ -76,6 +79,9 @@ class RoutedLayerDrafter(LayerDrafter):
         self.embedding = target.model.get_input_embeddings().weight.detach()  # [V, d]
         self.hiddens: list[torch.Tensor] = []  # [d] per cached position, aligned with self.cached
         self.step = 0  # draft position of the next token the head picks
+        # One worker: the router of step t beside the drafter forward of step t (ONNX Runtime and
+        # torch both release the GIL while they compute).
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router") if overlap else None
 
     def reset(self, prompt, params, generator, *args, **kwargs) -> None:
         super().reset(prompt, params, generator, *args, **kwargs)
@@ -85,15 +91,27 @@ class RoutedLayerDrafter(LayerDrafter):
         self.step = 0
         return super().propose(context, k)
 
+    def _route(self, token: int, previous: torch.Tensor) -> torch.Tensor:
+        """Cluster scores [M] for the position of `token`, whose previous hidden state is `previous` [d]."""
+        with torch.inference_mode():
+            return self.router.scores(self.embedding[token][None], previous[None])[0]
+
     @torch.inference_mode()
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Append tokens to the cache, route on the last one, and return its hidden state [1, d]."""
+        # h_{t-1} is known before this forward only when a single token follows a cached position.
+        routed = None
+        if self.pool is not None and len(tokens) == 1 and self.hiddens:
+            routed = self.pool.submit(self._route, tokens[0], self.hiddens[-1])
         out = self.body(input_ids=torch.tensor([tokens]), past_key_values=self.cache.inner, use_cache=True)
         self.cache.length += len(tokens)
         self.cached.extend(tokens)
         self.hiddens.extend(out.last_hidden_state[0])
-        previous = self.hiddens[-2] if len(self.hiddens) >= 2 else torch.zeros_like(self.hiddens[-1])
-        scores = self.router.scores(self.embedding[tokens[-1]][None], previous[None])[0]  # [M]
+        if routed is not None:
+            scores = routed.result()  # [M]
+        else:
+            previous = self.hiddens[-2] if len(self.hiddens) >= 2 else torch.zeros_like(self.hiddens[-1])
+            scores = self._route(tokens[-1], previous)  # [M]
         self.head.choose(torch.topk(scores, min(self.budget(self.k_max, self.step), scores.numel())).indices)
         self.step += 1
         return out.last_hidden_state[0, -1:]
