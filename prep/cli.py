@@ -193,6 +193,40 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     click.echo(f"wrote stage router to {artifact} ({params['steps']} steps, {params['seconds']} s)")
 
 
+@main.command("gp-basis")
+@click.argument("artifact")
+@click.option("--rank", type=int, default=None, help="Largest rank stored (default: the hidden size); the runtime's gp:K takes any K up to it.")
+@click.option("--traces", "traces_dir", default=None, help="Traces directory (prep traces): also build activation-aware bases (gp:K:act).")
+@click.option("--max-tokens", type=int, default=65_536, show_default=True, help="--traces: layer inputs from at most this many tokens.")
+@click.option("--mlp", is_flag=True, help="Also compress the MLP (gate/up, down); default: attention only (q/k/v, o).")
+@click.option("--force", is_flag=True, help="Overwrite an existing gp stage.")
+@clean_errors
+def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force: bool) -> None:
+    """Compute per-layer low-rank input bases of the target's linears (stage `gp`, the GP drafter's).
+
+    \b
+    prep gp-basis art/g270
+    prep gp-basis art/g270 --rank 320 --traces traces/g270 --force
+    runtime generate art/g270 --method spec --drafter gp:128:act --prompt "def fib(n):"
+    """
+    from artifacts import StageExists
+    from prep.gp_basis import build_gp_basis, trace_texts
+    from runtime.session import open_session
+
+    session = open_session(artifact)
+    if session.artifact.has_stage(Stage.GP) and not force:
+        raise StageExists(session.artifact.path, Stage.GP)
+    body = session.target.body
+    texts = trace_texts(traces_dir, session.model.info.name, max_tokens) if traces_dir else None
+    tensors, params = build_gp_basis(body, rank or body.config.hidden_size, mlp, texts)
+    params["traces"] = traces_dir
+    session.artifact.write_stage(Stage.GP, tensors, params, force=force)
+    energy = ", ".join(f"{kind} {group} k={k}: {v:.1%}" for kind, table in params["retained_energy"].items()
+                       for group, row in table.items() for k, v in row.items())
+    click.echo(f"wrote stage gp to {artifact} (rank <= {params['max_rank']}, {' + '.join(params['kinds'])}); "
+               f"mean retained energy: {energy}")
+
+
 def parse_group_size(value) -> int | None:
     """'auto' -> None (measure), 'row' -> 0 (per-row scales), else a positive integer."""
     if value in ("auto", None):
