@@ -1,13 +1,14 @@
 """Drafters for speculative decoding: one protocol (propose, observe), several ways to guess ahead."""
 
 from runtime.drafters.base import Drafter, Proposal
+from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp
 from runtime.drafters.layers import LayerDrafter
 from runtime.drafters.ngram import NgramDrafter
 
-DRAFTERS_HELP = "ngram, ngram:MAX_NGRAM or layers:N"
+DRAFTERS_HELP = f"ngram, ngram:MAX_NGRAM, layers:N or {GP_HELP}"
 
 
-def build_drafter(spec: str, target, head) -> Drafter:
+def build_drafter(spec: str, target, head, artifact=None) -> Drafter:
     """A drafter from its command-line name (DRAFTERS_HELP); `head` is the drafter's own LM head
     (layers:N), not the target's, so the drafter's rows do not count as the target's."""
     match spec.strip().split(":"):
@@ -17,8 +18,13 @@ def build_drafter(spec: str, target, head) -> Drafter:
             return NgramDrafter(max_ngram=int(n))
         case ["layers", n] if n.isdigit():
             return LayerDrafter(target, int(n), head)
+        case ["gp", *args]:
+            if artifact is None:
+                raise ValueError("gp:RANK needs the artifact whose stage gp holds the bases")
+            rank, kind = parse_gp(args)
+            return GPDrafter(target, GPStage.load(artifact), rank, kind, head)
         case _:
             raise ValueError(f"unknown drafter {spec!r}; use {DRAFTERS_HELP}")
 
 
-__all__ = ["DRAFTERS_HELP", "Drafter", "LayerDrafter", "NgramDrafter", "Proposal", "build_drafter"]
+__all__ = ["DRAFTERS_HELP", "Drafter", "GPDrafter", "LayerDrafter", "NgramDrafter", "Proposal", "build_drafter"]
