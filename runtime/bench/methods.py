@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from runtime.decode import generate_ar
+from runtime.drafters.gp import GPDrafter, GPStage, parse_gp
 from runtime.drafters import LayerDrafter, NgramDrafter
 from runtime.heads import CertifiedHead, ScreenBound
 from runtime.heads.sampling import SamplingParams
@@ -79,9 +80,13 @@ def _spec(session: Session, args: list[str]) -> Decoder:
             # A head of its own (sharing the bound), so the drafter's rows do not count as the target's.
             own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
             drafter = LayerDrafter(session.target, int(n), own)
+        case ["gp", *gp_args]:
+            rank, kind = parse_gp(gp_args)
+            own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
+            drafter = GPDrafter(session.target, GPStage.load(session.artifact), rank, kind, own)
         case _:
-            raise ValueError(f"unknown drafter {':'.join(drafter_args)!r}; use spec:ngram, spec:ngram:N or "
-                             "spec:layers:N (options :gamma=G, :adaptive; suffix +csv for the certified target head)")
+            raise ValueError(f"unknown drafter {':'.join(drafter_args)!r}; use spec:ngram, spec:ngram:N, "
+                             "spec:layers:N or spec:gp:RANK[:act] (options :gamma=G, :adaptive; suffix +csv for the certified target head)")
     return lambda prompt, n, params, gen: generate_speculative(
         session.target, head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive
     )

@@ -29,7 +29,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 ATTENTION_GROUPS, MLP_GROUPS = ("qkv", "o"), ("gate_up", "down")
 KINDS = {"weights": "weights", "act": "activations"}  # spec suffix -> stage kind
-GP_HELP = "gp:RANK (weights-only basis) or gp:RANK:act (activation-aware basis)"
+GP_HELP = "gp:RANK[:act] (the GP low-rank copy; :act for the activation-aware basis)"
 
 
 def basis_key(kind: str, layer: int, group: str) -> str:
