@@ -72,10 +72,13 @@ def main() -> None:
 @click.option("--cluster-budget", type=float, default=0.25, show_default=True,
               help="csv --bound cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv --bound cluster: adapt the budget as in seed 000.")
-@click.option("--drafter", default="ngram", show_default=True, help="spec: ngram, ngram:MAX_NGRAM or layers:N.")
+@click.option("--drafter", default="ngram", show_default=True, help="spec: ngram, ngram:MAX_NGRAM, layers:N or gp:RANK[:act] (GP low-rank copy).")
 @click.option("--gamma", type=int, default=4, show_default=True,
               help="spec: tokens drafted per target forward (the starting value with --adaptive).")
 @click.option("--adaptive", is_flag=True, help="spec: gamma +1 after a fully accepted draft, -1 after a rejection.")
+@click.option("--no-verifier", is_flag=True,
+              help="spec with a gp drafter: decode with the compressed model alone and print its own text "
+                   "(seed 002's ablation; not the target's text).")
 @click.option("--target-head", type=click.Choice(["full", "csv"]), default="full", show_default=True,
               help="spec: the head that verifies (csv: certified, bound from --bound; the drafter gets one too).")
 @click.option("--min-response-tokens", type=int, default=4, show_default=True,
@@ -90,7 +93,7 @@ def main() -> None:
 @sampling_options
 @backend_option
 @clean_errors
-def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, gamma, adaptive, target_head,
+def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, gamma, adaptive, no_verifier, target_head,
              min_response_tokens, prompt, prompt_file, chat, max_new_tokens, stops, model,
              temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Generate text, streaming it, then print speed and certification (and drafting) stats.
@@ -101,6 +104,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     runtime generate art/g270 --method csv --stop "\\n\\n" --prompt "def fib(n):"
     runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"
     runtime generate art/g270 --method spec --drafter layers:6 --adaptive --target-head csv --chat --prompt "Hi!"
+    runtime generate art/g270 --method spec --drafter gp:256:act --no-verifier --prompt "def fib(n):"
     """
     from runtime.decode import generate_ar
     from runtime.prompting import TextStream, encode_prompt
@@ -112,6 +116,9 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     certified = method == "csv" or (method == "spec" and target_head == "csv")
     if epsilon is not None and method != "csv":
         raise click.UsageError("--epsilon applies to --method csv only")
+    if no_verifier and not (method == "spec" and drafter.startswith("gp:")):
+        raise click.UsageError("--no-verifier decodes with the GP drafter's compressed model alone: use it with "
+                               "--method spec --drafter gp:RANK[:act]")
     if min_response_tokens < 0:
         raise click.UsageError("--min-response-tokens must be >= 0")
     session = open_session(artifact, model, backend=backend)
@@ -131,11 +138,19 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
 
         # The drafter's own head instance (sharing the certified bound): its rows are not the target's.
         own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
-        draft = build_drafter(drafter, session.target, own)
-        _, stats = generate_speculative(session.target, head, draft, ids, max_new_tokens, params, generator,
-                                        gamma=gamma, adaptive=adaptive, on_token=stream, min_new_tokens=guard,
-                                        stop=stop)
-        label = f"spec:{drafter}" + (f"+csv:{bound}" if certified else "")
+        draft = build_drafter(drafter, session.target, own, artifact=session.artifact)
+        if no_verifier:
+            from runtime.drafters.gp import compressed_target
+
+            # The GP copy decodes alone with the drafter's head: its own text, unverified.
+            _, stats = generate_ar(compressed_target(session.target, draft.body), own, ids, max_new_tokens, params,
+                                   generator, on_token=stream, min_new_tokens=guard, stop=stop)
+            label = f"{drafter} alone, no verifier"
+        else:
+            _, stats = generate_speculative(session.target, head, draft, ids, max_new_tokens, params, generator,
+                                            gamma=gamma, adaptive=adaptive, on_token=stream, min_new_tokens=guard,
+                                            stop=stop)
+            label = f"spec:{drafter}" + (f"+csv:{bound}" if certified else "")
     else:
         _, stats = generate_ar(session.target, head, ids, max_new_tokens, params, generator, on_token=stream,
                                min_new_tokens=guard, stop=stop)
@@ -148,7 +163,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
         f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary",
         err=True,
     )
-    if method == "spec":
+    if method == "spec" and not no_verifier:
         click.echo(_spec_line(stats.spec), err=True)
 
 

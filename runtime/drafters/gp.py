@@ -10,7 +10,6 @@ the stacked weights) or from real layer inputs (kind `activations`: principal di
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -148,7 +147,10 @@ class GPDrafter(DecoderDrafter):
 
 
 def compressed_target(target: TorchTarget, body: torch.nn.Module) -> TorchTarget:
-    """The target backend running `body` (e.g. the GP copy) instead of its own decoder: the drafter alone."""
-    alone = copy.copy(target)  # same head, EOS ids and cache layout (the layer count is unchanged)
+    """A transformers backend over the target's model running `body` (the GP copy): the drafter alone.
+
+    Always the transformers backend: a lean target runs its own fused copies of the weights, not `body`.
+    """
+    alone = TorchTarget(target.model, target.eos_token_ids)  # same head, EOS ids and cache layout
     alone.body = body
     return alone
