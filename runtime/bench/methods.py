@@ -12,14 +12,15 @@ import torch
 
 from runtime.decode import generate_ar
 from runtime.drafters.gp import GPDrafter, GPStage, parse_gp
-from runtime.drafters import LayerDrafter, NgramDrafter
+from runtime.drafters import LayerDrafter, NgramDrafter, load_model_drafter
 from runtime.heads import CertifiedHead, ScreenBound
 from runtime.heads.sampling import SamplingParams
 from runtime.session import BOUNDS, Session
 from runtime.speculative import generate_speculative
 from runtime.stats import DecodeStats
 
-Decoder = Callable[[torch.Tensor, int, SamplingParams, torch.Generator], tuple[list[int], DecodeStats]]
+# (prompt [P], max new tokens, sampling, generator, min_new_tokens: the EOS guard) -> tokens, stats
+Decoder = Callable[[torch.Tensor, int, SamplingParams, torch.Generator, int], tuple[list[int], DecodeStats]]
 
 
 @dataclass
@@ -34,7 +35,8 @@ def _ar(session: Session, args: list[str]) -> Decoder:
     if args:
         raise ValueError("method 'ar' takes no arguments")
     head = session.full_head()
-    return lambda prompt, n, params, gen: generate_ar(session.target, head, prompt, n, params, gen)
+    return lambda prompt, n, params, gen, guard=0: generate_ar(session.target, head, prompt, n, params, gen,
+                                                               min_new_tokens=guard)
 
 
 def _csv(session: Session, args: list[str]) -> Decoder:
@@ -42,7 +44,8 @@ def _csv(session: Session, args: list[str]) -> Decoder:
     if len(args) > 1 or bound not in BOUNDS:
         raise ValueError(f"method 'csv' takes one bound: csv:screen or csv:cluster, not csv:{':'.join(args)}")
     head = session.certified_head(bound)
-    return lambda prompt, n, params, gen: generate_ar(session.target, head, prompt, n, params, gen)
+    return lambda prompt, n, params, gen, guard=0: generate_ar(session.target, head, prompt, n, params, gen,
+                                                               min_new_tokens=guard)
 
 
 METHODS: dict[str, Callable[[Session, list[str]], Decoder]] = {"ar": _ar, "csv": _csv}
@@ -67,7 +70,8 @@ def _spec_options(args: list[str]) -> tuple[list[str], int, bool, bool]:
 
 
 def _spec(session: Session, args: list[str]) -> Decoder:
-    """spec:DRAFTER[:gamma=G][:adaptive][+csv]: DRAFTER is ngram[:MAX_NGRAM] or layers:N; +csv verifies
+    """spec:DRAFTER[:gamma=G][:adaptive][+csv]: DRAFTER is ngram[:MAX_NGRAM], layers:N, gp:RANK[:act] or
+    model:NAME|PATH (a packaged name, HF directory or .gguf with the target's tokenizer); +csv verifies
     with the certified (screen) head."""
     drafter_args, gamma, adaptive, certified = _spec_options(args)
     head = session.certified_head("screen") if certified else session.full_head()
@@ -84,11 +88,14 @@ def _spec(session: Session, args: list[str]) -> Decoder:
             rank, kind = parse_gp(gp_args)
             own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
             drafter = GPDrafter(session.target, GPStage.load(session.artifact), rank, kind, own)
+        case ["model", *path]:
+            drafter = load_model_drafter(":".join(path), session.model.info, session.target.vocab_size)
         case _:
-            raise ValueError(f"unknown drafter {':'.join(drafter_args)!r}; use spec:ngram, spec:ngram:N, "
-                             "spec:layers:N or spec:gp:RANK[:act] (options :gamma=G, :adaptive; suffix +csv for the certified target head)")
-    return lambda prompt, n, params, gen: generate_speculative(
-        session.target, head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive
+            raise ValueError(f"unknown drafter {':'.join(drafter_args)!r}; use spec:ngram, spec:ngram:N, spec:layers:N, "
+                             "spec:gp:RANK[:act] or spec:model:NAME|PATH (options :gamma=G, :adaptive; suffix +csv for the certified "
+                             "target head)")
+    return lambda prompt, n, params, gen, guard=0: generate_speculative(
+        session.target, head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive, min_new_tokens=guard
     )
 
 
@@ -135,8 +142,9 @@ def _dynaspec(session: Session, args: list[str]) -> Decoder:
     drafter = RoutedLayerDrafter(session.target, layers, head, stage.runner(options.get("router", "onnx")),
                                  int(options.get("k", 16)), options.get("schedule", "fixed"), options.get("overlap") == "1")
     target_head = session.full_head()
-    return with_shortlist_stats(lambda prompt, n, params, gen: generate_speculative(
-        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive), head)
+    return with_shortlist_stats(lambda prompt, n, params, gen, guard=0: generate_speculative(
+        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive,
+        min_new_tokens=guard), head)
 
 
 def _frspec(session: Session, args: list[str]) -> Decoder:
@@ -153,8 +161,9 @@ def _frspec(session: Session, args: list[str]) -> Decoder:
     head = RouterStage.load(session.artifact).frequent_head(session.target, int(rest[0]))
     drafter = LayerDrafter(session.target, layers, head)
     target_head = session.full_head()
-    return with_shortlist_stats(lambda prompt, n, params, gen: generate_speculative(
-        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive), head)
+    return with_shortlist_stats(lambda prompt, n, params, gen, guard=0: generate_speculative(
+        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive,
+        min_new_tokens=guard), head)
 
 
 def _screenspec(session: Session, args: list[str]) -> Decoder:
@@ -171,8 +180,8 @@ def _screenspec(session: Session, args: list[str]) -> Decoder:
     head = ScreenDraftHead(ScreenBound.from_stage(target.head_weight, target.head_bias, session.artifact.read_stage(Stage.SCREEN)))
     drafter = LayerDrafter(target, layers, head)
     target_head = session.full_head()
-    return lambda prompt, n, params, gen: generate_speculative(
-        target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive)
+    return lambda prompt, n, params, gen, guard=0: generate_speculative(
+        target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive, min_new_tokens=guard)
 
 
 METHODS["dynaspec"] = _dynaspec

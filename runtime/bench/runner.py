@@ -46,17 +46,22 @@ def run_bench(
     params: SamplingParams,
     seed: int,
     warmup_tokens: int = 8,
+    min_new_tokens: int = 0,
 ) -> list[MethodResult]:
-    """Warm every method up, then for each prompt run every method (rotating the order)."""
+    """Warm every method up, then for each prompt run every method (rotating the order).
+
+    min_new_tokens: the EOS min-response guard, passed to every method (bench --chat).
+    """
     for method in methods:
-        method.decode(prompts[0], warmup_tokens, params, torch.Generator().manual_seed(seed))
+        method.decode(prompts[0], warmup_tokens, params, torch.Generator().manual_seed(seed), min_new_tokens)
     results = {m.name: MethodResult(m.name) for m in methods}
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
     for index, prompt in enumerate(prompts):
         shift = index % len(methods)
         for method in methods[shift:] + methods[:shift]:
             # Same seed per prompt for every method: exact samplers must then agree token for token.
-            tokens, stats = method.decode(prompt, max_new_tokens, params, torch.Generator().manual_seed(seed + index))
+            generator = torch.Generator().manual_seed(seed + index)
+            tokens, stats = method.decode(prompt, max_new_tokens, params, generator, min_new_tokens)
             results[method.name].outputs.append(tokens)
             results[method.name].runs.append(stats)
             bar.update(1)

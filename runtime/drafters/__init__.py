@@ -3,14 +3,18 @@
 from runtime.drafters.base import Drafter, Proposal
 from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp
 from runtime.drafters.layers import LayerDrafter
+from runtime.drafters.model import ModelDrafter, load_model_drafter
 from runtime.drafters.ngram import NgramDrafter
 
-DRAFTERS_HELP = f"ngram, ngram:MAX_NGRAM, layers:N or {GP_HELP}"
+DRAFTERS_HELP = f"ngram, ngram:MAX_NGRAM, layers:N, {GP_HELP} or model:NAME|PATH (a model with the target's tokenizer)"
 
 
-def build_drafter(spec: str, target, head, artifact=None) -> Drafter:
+def build_drafter(spec: str, target, head, artifact=None, target_info=None) -> Drafter:
     """A drafter from its command-line name (DRAFTERS_HELP); `head` is the drafter's own LM head
-    (layers:N), not the target's, so the drafter's rows do not count as the target's."""
+    (layers:N), not the target's, so the drafter's rows do not count as the target's.
+
+    target_info: the target's ModelInfo, which model:NAME|PATH checks the drafter's tokenizer against.
+    """
     match spec.strip().split(":"):
         case ["ngram"]:
             return NgramDrafter()
@@ -23,8 +27,15 @@ def build_drafter(spec: str, target, head, artifact=None) -> Drafter:
                 raise ValueError("gp:RANK needs the artifact whose stage gp holds the bases")
             rank, kind = parse_gp(args)
             return GPDrafter(target, GPStage.load(artifact), rank, kind, head)
+        case ["model", *path]:
+            if target_info is None:
+                raise ValueError("model:NAME|PATH needs the target's ModelInfo to check the drafter's tokenizer")
+            return load_model_drafter(":".join(path), target_info, target.vocab_size)
         case _:
             raise ValueError(f"unknown drafter {spec!r}; use {DRAFTERS_HELP}")
 
 
-__all__ = ["DRAFTERS_HELP", "Drafter", "GPDrafter", "LayerDrafter", "NgramDrafter", "Proposal", "build_drafter"]
+__all__ = [
+    "DRAFTERS_HELP", "Drafter", "GPDrafter", "LayerDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "build_drafter",
+    "load_model_drafter",
+]

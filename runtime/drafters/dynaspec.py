@@ -139,9 +139,9 @@ class ShortlistDecodeStats(SpecDecodeStats):
 def with_shortlist_stats(decode, head: ShortlistHead):
     """Wrap a speculative decoder so its stats also carry the drafter head's shortlist counters."""
 
-    def run(prompt, n, params, generator):
+    def run(prompt, n, params, generator, guard=0):
         before = replace(head.stats)
-        tokens, stats = decode(prompt, n, params, generator)
+        tokens, stats = decode(prompt, n, params, generator, guard)
         fields = {name: getattr(stats, name) for name in stats.__dataclass_fields__}
         return tokens, ShortlistDecodeStats(**fields, shortlist=head.stats.since(before))
 
