@@ -50,6 +50,11 @@ def sampling_options(command):
     return command
 
 
+min_response_option = click.option(
+    "--min-response-tokens", type=int, default=4, show_default=True,
+    help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Decode with specvocab artifacts, benchmark methods, inspect artifacts.
@@ -72,7 +77,8 @@ def main() -> None:
 @click.option("--cluster-budget", type=float, default=0.25, show_default=True,
               help="csv --bound cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv --bound cluster: adapt the budget as in seed 000.")
-@click.option("--drafter", default="ngram", show_default=True, help="spec: ngram, ngram:MAX_NGRAM, layers:N or gp:RANK[:act] (GP low-rank copy).")
+@click.option("--drafter", default="ngram", show_default=True,
+              help="spec: ngram, ngram:MAX_NGRAM, layers:N, gp:RANK[:act] or model:NAME|PATH (a model with the target's tokenizer).")
 @click.option("--gamma", type=int, default=4, show_default=True,
               help="spec: tokens drafted per target forward (the starting value with --adaptive).")
 @click.option("--adaptive", is_flag=True, help="spec: gamma +1 after a fully accepted draft, -1 after a rejection.")
@@ -81,8 +87,7 @@ def main() -> None:
                    "(seed 002's ablation; not the target's text).")
 @click.option("--target-head", type=click.Choice(["full", "csv"]), default="full", show_default=True,
               help="spec: the head that verifies (csv: certified, bound from --bound; the drafter gets one too).")
-@click.option("--min-response-tokens", type=int, default=4, show_default=True,
-              help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
+@min_response_option
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
@@ -138,7 +143,8 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
 
         # The drafter's own head instance (sharing the certified bound): its rows are not the target's.
         own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
-        draft = build_drafter(drafter, session.target, own, artifact=session.artifact)
+        draft = build_drafter(drafter, session.target, own, artifact=session.artifact,
+                              target_info=session.model.info)
         if no_verifier:
             from runtime.drafters.gp import compressed_target
 
@@ -198,19 +204,21 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 @click.option("-n", "num_prompts", type=int, default=12, show_default=True)
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap prompts in the chat template.")
+@min_response_option
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default="bench-out/bench.json", show_default=True,
               help="JSON output; the .md table and .png plot go beside it.")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @backend_option
 @clean_errors
-def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, json_path, model,
+def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, model,
           temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s and speedup over ar in one run.
 
     \b
     runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster -n 12
     runtime bench art/g270 --prompts prompts.json --methods ar,csv --temperature 0.7
+    runtime bench art/qwen --prompts sharegpt --chat --methods ar,spec:layers:20 --min-response-tokens 4
     """
     from runtime.bench.methods import build_method
     from runtime.bench.report import markdown_table, write_reports
@@ -224,18 +232,21 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, j
     if "ar" not in names:
         names.insert(0, "ar")  # speedups are always against ar measured in the same run
     params = SamplingParams(temperature, top_k, top_p, epsilon)
+    if min_response_tokens < 0:
+        raise click.UsageError("--min-response-tokens must be >= 0")
+    guard = min_response_tokens if chat else 0
     session = open_session(artifact, model, backend=backend)
     built = [build_method(session, name) for name in names]
     texts = load_prompts(prompt_source, num_prompts)
     prompts = [encode_prompt(session.tokenizer, text, chat) for text in texts]
-    results = run_bench(built, prompts, max_new_tokens, params, seed)
+    results = run_bench(built, prompts, max_new_tokens, params, seed, min_new_tokens=guard)
     rows = summarize(results, params)
     record = {
         "command": "runtime bench " + " ".join(sys.argv[2:]),
         "setup": {
             "model": session.model.info.name, "prompts": prompt_source, "n": len(prompts),
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-            "epsilon": epsilon, "seed": seed, "chat": chat, "threads": torch.get_num_threads(),
+            "epsilon": epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard, "threads": torch.get_num_threads(),
             "screen_kernel": kernel_name(),
         },
         "methods": rows,
