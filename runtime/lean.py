@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from runtime.kernels import linear
 from runtime.target import TorchTarget
 
 SUPPORTED_TYPES = ("gemma3_text", "qwen2", "llama")
@@ -194,8 +195,8 @@ class LeanTarget(TorchTarget):
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)
         x = x + attended
-        gate, up = F.linear(layer.pre_mlp_norm(x), layer.gate_up_weight).chunk(2, dim=-1)  # [T, F] each
-        mlp = F.linear(layer.activation(gate) * up, layer.down_weight)  # [T, d]
+        gate, up = linear(layer.pre_mlp_norm(x), layer.gate_up_weight).chunk(2, dim=-1)  # [T, F] each
+        mlp = linear(layer.activation(gate) * up, layer.down_weight)  # [T, d]
         if layer.post_mlp_norm is not None:
             mlp = layer.post_mlp_norm(mlp)
         return x + mlp
@@ -203,7 +204,7 @@ class LeanTarget(TorchTarget):
     def _attention(self, layer: LeanLayer, h: torch.Tensor, cache: LeanCache, index: int, start: int) -> torch.Tensor:
         """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache."""
         count, hd, heads, kv = h.shape[0], self.head_dim, self.num_heads, self.kv_heads
-        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)  # [T, (H + 2 KV) hd]
+        qkv = linear(h, layer.qkv_weight, layer.qkv_bias)  # [T, (H + 2 KV) hd]
         q, k, v = qkv.view(count, heads + 2 * kv, hd).split((heads, kv, kv), dim=1)  # [T, *, hd]
         if layer.q_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
@@ -225,5 +226,5 @@ class LeanTarget(TorchTarget):
             scale=layer.scaling,
             enable_gqa=heads != kv,
         )  # [1, H, T, hd]
-        return F.linear(out[0].transpose(0, 1).reshape(count, heads * hd), layer.o_weight, layer.o_bias)
+        return linear(out[0].transpose(0, 1).reshape(count, heads * hd), layer.o_weight, layer.o_bias)
 

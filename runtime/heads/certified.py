@@ -18,6 +18,7 @@ import torch
 from runtime.heads.opened import Opened
 from runtime.heads.sampling import SamplingParams, gumbel_noise, nucleus_size, sample_full
 from runtime.heads.screen_bound import dot_rounding_gamma
+from runtime.kernels import linear
 from runtime.stats import HeadStats
 
 # Sizes of the certified top-K set tried for top-p and epsilon modes before falling back.
@@ -41,7 +42,7 @@ class CertifiedHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full logits [B, V] (used by verifiers that need whole distributions)."""
-        return torch.nn.functional.linear(hidden, self.weight, self.bias)
+        return linear(hidden, self.weight, self.bias)
 
     def select(
         self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from runtime.heads.sampling import SamplingParams, gumbel_noise, sample_full
+from runtime.kernels import linear
 from runtime.stats import HeadStats
 
 
@@ -19,7 +20,7 @@ class FullHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full logits [B, V] for hidden states [B, d]."""
-        return torch.nn.functional.linear(hidden, self.weight, self.bias)
+        return linear(hidden, self.weight, self.bias)
 
     def select(
         self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None

@@ -10,26 +10,27 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("int8_gemv.cpp")
+_SOURCES = [Path(__file__).with_name(name) for name in ("int8_gemv.cpp", "skinny_gemm.cpp")]
+SKINNY_MAX_ROWS = 16  # beyond this many rows, a packed GEMM (torch's) is faster than streaming
 
 
 @lru_cache(maxsize=1)
 def _extension():
-    """Build (once, cached by torch under ~/.cache/torch_extensions) and load the AVX-512 kernel."""
+    """Build (once, cached by torch under ~/.cache/torch_extensions) and load the AVX-512 kernels."""
     if os.environ.get("SPECVOCAB_NO_EXTENSION") or not _cpu_has_avx512():
         return None
     try:
         from torch.utils.cpp_extension import load
 
-        print("specvocab: loading the int8 screening kernel (compiled on first use, ~40 s)", file=sys.stderr)
+        print("specvocab: loading the CPU kernels (compiled on first use, ~1 min)", file=sys.stderr)
         return load(
             name="specvocab_int8_gemv",
-            sources=[str(_SOURCE)],
+            sources=[str(source) for source in _SOURCES],
             extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp"],
             verbose=False,
         )
     except Exception as exc:  # a missing compiler must not stop decoding, only slow it
-        warnings.warn(f"int8 screening kernel unavailable ({exc}); using the slower torch fallback")
+        warnings.warn(f"CPU kernels unavailable ({exc}); using the slower torch fallbacks")
         return None
 
 
@@ -43,6 +44,28 @@ def _cpu_has_avx512() -> bool:
 def kernel_name() -> str:
     """Which implementation `screen_gemv` runs: 'avx512' or 'torch'."""
     return "avx512" if _extension() is not None else "torch"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b for x [n, d], weight [out, d]: the streaming kernel for a few fp32 rows, else torch's.
+
+    For n <= SKINNY_MAX_ROWS the kernel reads each weight row once for all rows of x and sums every
+    output in the same order whatever n is, so a verify forward over n tokens costs about one
+    weight read and gives each position the value a 1-token step would.
+    """
+    ext = _extension()
+    if (
+        ext is None
+        or x.dim() != 2
+        or x.shape[0] > SKINNY_MAX_ROWS
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or not weight.is_contiguous()
+        or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    ):
+        return torch.nn.functional.linear(x, weight, bias)
+    out = ext.skinny_linear(x, weight)  # [n, out]
+    return out.add_(bias) if bias is not None else out
 
 
 def screen_gemv(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

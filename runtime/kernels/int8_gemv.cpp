@@ -167,7 +167,10 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
   return out;
 }
 
+torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w);  // skinny_gemm.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("skinny_linear", &skinny_linear, "fp32 x @ w.T for a few rows of x, weights streamed once");
   m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
   m.def("screen_select", &screen_select, "candidate ids of one screened row");
 }
