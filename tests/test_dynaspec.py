@@ -231,3 +231,18 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
     params = RouterStage.load(open_session(art, progress=False).artifact).params
     assert params["loss"] == "multilabel" and params["hidden"] == "layers:1" and params["steps"] == 3
     assert 1400 <= sum(e["tokens"] for e in json.loads((traces / INDEX_FILE).read_text())["shards"]) <= 1500
+
+
+def test_sharegpt_bench_prompts_are_held_out_of_router_training():
+    """Bench prompts come from held-out conversations; prep traces trains only on the other splits."""
+    from itertools import islice
+
+    from runtime.data import sharegpt_conversations, sharegpt_prompts
+
+    prompts = sharegpt_prompts(4)
+    firsts = {}
+    for index, conversation in enumerate(islice(sharegpt_conversations(), 400)):
+        turn = next((t for t in conversation["conversations"] if t.get("from") == "human"), None)
+        if turn and isinstance(turn.get("value"), str):
+            firsts.setdefault(turn["value"].strip(), index)
+    assert all(split_of("sharegpt", firsts[p]) == "heldout" for p in prompts)
