@@ -47,6 +47,53 @@ inline void block_per_row(const int8_t* q, const float* s, const float* h, int64
   for (int r = 0; r < kRows; ++r) out[r] = s[r] * _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+// Two rows (per-row scales) against N hidden states: each int8 chunk is converted once for all N
+// and each loaded activation feeds two FMAs.
+template <int N>
+inline void rows2_per_row_many(const int8_t* q, const float* scale, const float* h, int64_t d, bool prefetch, float* out, int64_t out_stride) {
+  __m512 acc[2][N][2];
+  for (int r = 0; r < 2; ++r)
+    for (int b = 0; b < N; ++b) acc[r][b][0] = acc[r][b][1] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= d; j += 32) {
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + kPrefetchRows * d + j), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchRows + 1) * d + j), _MM_HINT_T0);
+    }
+    const __m512 a0 = load_int8x16_as_ps(q + j), a1 = load_int8x16_as_ps(q + j + 16);
+    const __m512 b0 = load_int8x16_as_ps(q + d + j), b1 = load_int8x16_as_ps(q + d + j + 16);
+    for (int b = 0; b < N; ++b) {
+      const __m512 x0 = _mm512_loadu_ps(h + b * d + j), x1 = _mm512_loadu_ps(h + b * d + j + 16);
+      acc[0][b][0] = _mm512_fmadd_ps(a0, x0, acc[0][b][0]);
+      acc[0][b][1] = _mm512_fmadd_ps(a1, x1, acc[0][b][1]);
+      acc[1][b][0] = _mm512_fmadd_ps(b0, x0, acc[1][b][0]);
+      acc[1][b][1] = _mm512_fmadd_ps(b1, x1, acc[1][b][1]);
+    }
+  }
+  for (; j < d; j += 16) {
+    const __m512 a0 = load_int8x16_as_ps(q + j), b0 = load_int8x16_as_ps(q + d + j);
+    for (int b = 0; b < N; ++b) {
+      const __m512 x0 = _mm512_loadu_ps(h + b * d + j);
+      acc[0][b][0] = _mm512_fmadd_ps(a0, x0, acc[0][b][0]);
+      acc[1][b][0] = _mm512_fmadd_ps(b0, x0, acc[1][b][0]);
+    }
+  }
+  for (int r = 0; r < 2; ++r)
+    for (int b = 0; b < N; ++b) out[b * out_stride + r] = scale[r] * _mm512_reduce_add_ps(_mm512_add_ps(acc[r][b][0], acc[r][b][1]));
+}
+
+constexpr int64_t kMaxBatch = 4;  // hidden states per pass: 2 rows x 4 x 2 = 16 accumulators
+
+// Rows i, i + 1 against hidden states [0, count), count <= kMaxBatch, written with stride V.
+inline void rows2_per_row_batch(const int8_t* q, const float* scale, const float* h, int64_t d, int64_t count, bool prefetch, float* y, int64_t V) {
+  switch (count) {
+    case 1: rows2_per_row_many<1>(q, scale, h, d, prefetch, y, V); break;
+    case 2: rows2_per_row_many<2>(q, scale, h, d, prefetch, y, V); break;
+    case 3: rows2_per_row_many<3>(q, scale, h, d, prefetch, y, V); break;
+    default: rows2_per_row_many<4>(q, scale, h, d, prefetch, y, V); break;
+  }
+}
+
 // Rows [i, i + kRows) with G scales per row: each group's partial dot is scaled, then accumulated.
 inline void block_grouped(const int8_t* q, const float* s, const float* h, int64_t d, int64_t group, float* out) {
   const int64_t G = d / group;
@@ -97,6 +144,19 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
   // Blocks of rows outer, batch inner: each weight row streams from memory once for the whole batch.
   // at::parallel_for shares torch's thread pool (a second OpenMP runtime would fight it for cores).
   at::parallel_for(0, V, 4096, [&](int64_t begin, int64_t end) {
+    if (G == 1 && B > 1) {  // several hidden states: convert each int8 row pair once per pass
+      int64_t i = begin;
+      for (; i + 2 <= end; i += 2) {
+        for (int64_t b0 = 0; b0 < B; b0 += kMaxBatch) {
+          const int64_t count = std::min(kMaxBatch, B - b0);
+          rows2_per_row_batch(qp + i * d, sp + i, hp + b0 * d, d, count, b0 == 0 && i + kPrefetchRows + 2 <= end, yp + b0 * V + i, V);
+        }
+      }
+      for (; i < end; ++i) {
+        for (int64_t b = 0; b < B; ++b) yp[b * V + i] = dot_row_reference(qp + i * d, sp + i, hp + b * d, d, d);
+      }
+      return;
+    }
     float out[kRows];
     int64_t i = begin;
     for (; i + kRows <= end; i += kRows) {

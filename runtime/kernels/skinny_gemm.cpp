@@ -9,6 +9,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
+
 namespace {
 
 constexpr int kRows = 4;           // weight rows per block: independent accumulators hide FMA latency
@@ -43,20 +45,48 @@ inline void block_dot(const float* w, const float* x, int64_t d, bool prefetch, 
   for (int r = 0; r < kRows; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-// One row of w against one x row, summed in the same order as block_dot.
-inline float row_dot(const float* w, const float* x, int64_t d) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+// One row of w against N rows of x: the weight chunk is loaded once for all N. Every output is
+// summed exactly as block_dot sums it (two accumulators over 32-float steps, masked tail into the
+// first), so results do not depend on N.
+template <int N>
+inline void row_dot_many(const float* w, const float* x, int64_t d, int64_t x_stride, bool prefetch, float* out, int64_t out_stride) {
+  __m512 acc[N][2];
+  for (int b = 0; b < N; ++b) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 32 <= d; j += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 16), _mm512_loadu_ps(x + j + 16), acc1);
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * d + j), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * d + j + 16), _MM_HINT_T0);
+    }
+    const __m512 w0 = _mm512_loadu_ps(w + j), w1 = _mm512_loadu_ps(w + j + 16);
+    for (int b = 0; b < N; ++b) {
+      acc[b][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + b * x_stride + j), acc[b][0]);
+      acc[b][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + b * x_stride + j + 16), acc[b][1]);
+    }
   }
   for (; j < d; j += 16) {
     const __mmask16 m = tail_mask(d - j);
-    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + j), _mm512_maskz_loadu_ps(m, x + j), acc0);
+    const __m512 w0 = _mm512_maskz_loadu_ps(m, w + j);
+    for (int b = 0; b < N; ++b) acc[b][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + b * x_stride + j), acc[b][0]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  for (int b = 0; b < N; ++b) out[b * out_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
 }
+
+// Row i of w against rows [b0, b0 + count) of x, count <= kMaxBatch, written to y[b, i].
+inline void row_dot_batch(const float* w, const float* x, int64_t d, int64_t count, bool prefetch, float* y, int64_t rows) {
+  switch (count) {
+    case 1: row_dot_many<1>(w, x, d, d, prefetch, y, rows); break;
+    case 2: row_dot_many<2>(w, x, d, d, prefetch, y, rows); break;
+    case 3: row_dot_many<3>(w, x, d, d, prefetch, y, rows); break;
+    case 4: row_dot_many<4>(w, x, d, d, prefetch, y, rows); break;
+    case 5: row_dot_many<5>(w, x, d, d, prefetch, y, rows); break;
+    case 6: row_dot_many<6>(w, x, d, d, prefetch, y, rows); break;
+    case 7: row_dot_many<7>(w, x, d, d, prefetch, y, rows); break;
+    default: row_dot_many<8>(w, x, d, d, prefetch, y, rows); break;
+  }
+}
+
+constexpr int64_t kMaxBatch = 8;  // x rows per pass: 16 accumulators, half the vector registers
 
 }  // namespace
 
@@ -70,18 +100,24 @@ torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
   const float* wp = w.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Row blocks outer, batch inner: each weight row streams from memory once for all n rows of x.
+  // One row: blocks of kRows weight rows (most independent accumulators). Several rows: each weight
+  // row is loaded once per pass over up to kMaxBatch rows of x. Both sum in the same order.
   at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
-    float out[kRows];
-    int64_t i = begin;
-    for (; i + kRows <= end; i += kRows) {
-      for (int64_t b = 0; b < n; ++b) {
-        block_dot(wp + i * d, xp + b * d, d, b == 0 && i + kPrefetchRows + kRows <= end, out);
-        for (int r = 0; r < kRows; ++r) yp[b * rows + i + r] = out[r];
+    if (n == 1) {
+      float out[kRows];
+      int64_t i = begin;
+      for (; i + kRows <= end; i += kRows) {
+        block_dot(wp + i * d, xp, d, i + kPrefetchRows + kRows <= end, out);
+        for (int r = 0; r < kRows; ++r) yp[i + r] = out[r];
       }
+      for (; i < end; ++i) row_dot_batch(wp + i * d, xp, d, 1, false, yp + i, rows);
+      return;
     }
-    for (; i < end; ++i) {
-      for (int64_t b = 0; b < n; ++b) yp[b * rows + i] = row_dot(wp + i * d, xp + b * d, d);
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
+        const int64_t count = std::min(kMaxBatch, n - b0);
+        row_dot_batch(wp + i * d, xp + b0 * d, d, count, b0 == 0 && i + kPrefetchRows < end, yp + b0 * rows + i, rows);
+      }
     }
   });
   return y;
