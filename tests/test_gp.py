@@ -134,10 +134,14 @@ def test_generate_gp_and_no_verifier(built, monkeypatch, tmp_path):
 
 @pytest.mark.real_model
 def test_gp_keeps_gemma_greedy_output(gemma_session):
-    """gemma3-270m: the weights-only GP drafter at rank 128 leaves greedy text unchanged (2 prompts x 24 tokens)."""
+    """gemma3-270m: the weights-only GP drafter leaves greedy text unchanged (2 prompts x 24 tokens).
+
+    Rank 576 of 640: gemma3-270m's attention loses most top-1 agreement at rank 320 and below
+    (seed 002's collapse), and a drafter that is never accepted would not exercise the rollback.
+    """
     target, head = gemma_session.target, gemma_session.full_head()
-    tensors, params = build_gp_basis(target.body, 128, progress=False)
-    drafter = GPDrafter(target, GPStage(tensors, params), 128, "weights", gemma_session.full_head())
+    tensors, params = build_gp_basis(target.body, 576, progress=False)
+    drafter = GPDrafter(target, GPStage(tensors, params), 576, "weights", gemma_session.full_head())
     for text in ("def fibonacci(n):\n    ", "The capital of France is"):
         ids = torch.tensor(gemma_session.tokenizer(text)["input_ids"])
         expected, _ = generate_ar(target, head, ids, 24)
