@@ -107,7 +107,7 @@ def test_sampled_speculative_with_gp_runs(built):
 
 def test_bench_method_and_bad_specs(built):
     session, _ = built
-    method = build_method(session, "spec:gp:16:act:gamma=3")
+    method = build_method(session, "spec:gp:16:act:gamma=3+csv")
     tokens, _ = method.decode(torch.tensor([3, 17, 42]), 8, SamplingParams(), torch.Generator())
     expected, _ = generate_ar(session.target, session.full_head(), torch.tensor([3, 17, 42]), 8)
     assert tokens == expected
