@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <queue>
 #include <vector>
 
@@ -176,54 +177,89 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
   return y;
 }
 
+namespace {
+
+inline __mmask16 lanes(int64_t remaining) {
+  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
+// Bounds of tokens [i, i + 16) (lanes outside m are garbage): radius = c_i |h| + slack (|center| + c_i |h|).
+struct ScreenBounds {
+  const float* c;
+  const float* e;
+  const float* g;  // noise or nullptr
+  __m512 hn, sl, it;
+
+  inline void at(int64_t i, __mmask16 m, __m512& lo, __m512& up) const {
+    const __m512 ci = _mm512_maskz_loadu_ps(m, c + i);
+    const __m512 base = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + i), hn);
+    const __m512 radius = _mm512_add_ps(base, _mm512_mul_ps(sl, _mm512_add_ps(_mm512_abs_ps(ci), base)));
+    lo = _mm512_mul_ps(_mm512_sub_ps(ci, radius), it);
+    up = _mm512_mul_ps(_mm512_add_ps(ci, radius), it);
+    if (g) {
+      const __m512 gi = _mm512_maskz_loadu_ps(m, g + i);
+      lo = _mm512_add_ps(lo, gi);
+      up = _mm512_add_ps(up, gi);
+    }
+  }
+};
+
+}  // namespace
+
 // One row: lower_i = (center_i - radius_i) * inv_t + noise_i, upper_i likewise with +radius_i, where
 // radius_i = coef_i * hnorm + slack * (|center_i| + coef_i * hnorm). Returns ids with upper_i >= the
-// k-th largest lower_i. noise may be empty (no noise). Two passes, no [V] temporaries.
+// k-th largest lower_i. noise may be empty (no noise). Two vectorized passes, no [V] temporaries.
+// Each bound is sound on its own (slack covers float32 rounding), so the passes need not round alike.
 torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, double slack,
                             double inv_t, torch::Tensor noise, int64_t k) {
   TORCH_CHECK(center.dtype() == torch::kFloat32 && center.dim() == 1 && center.is_contiguous(), "center: [V] fp32");
   TORCH_CHECK(coef.dtype() == torch::kFloat32 && coef.is_contiguous() && coef.numel() == center.numel(), "coef: [V] fp32");
   const int64_t V = center.numel();
-  TORCH_CHECK(k >= 1 && k <= V, "k out of range");
+  TORCH_CHECK(k >= 1 && k <= V && V < INT32_MAX, "k or V out of range");
   const bool has_noise = noise.numel() > 0;
   TORCH_CHECK(!has_noise || (noise.dtype() == torch::kFloat32 && noise.is_contiguous() && noise.numel() == V), "noise: [V] fp32");
-  const float* c = center.data_ptr<float>();
-  const float* e = coef.data_ptr<float>();
-  const float* g = has_noise ? noise.data_ptr<float>() : nullptr;
-  const float hn = static_cast<float>(hnorm), sl = static_cast<float>(slack), it = static_cast<float>(inv_t);
-  auto bounds = [&](int64_t i, float& lo, float& up) {
-    const float base = e[i] * hn;
-    const float radius = base + sl * (std::fabs(c[i]) + base);
-    lo = (c[i] - radius) * it;
-    up = (c[i] + radius) * it;
-    if (g) { lo += g[i]; up += g[i]; }
-  };
+  const ScreenBounds bounds{center.data_ptr<float>(), coef.data_ptr<float>(), has_noise ? noise.data_ptr<float>() : nullptr,
+                            _mm512_set1_ps(static_cast<float>(hnorm)), _mm512_set1_ps(static_cast<float>(slack)),
+                            _mm512_set1_ps(static_cast<float>(inv_t))};
+  __m512 lo, up;
   float threshold;
-  if (k == 1) {  // greedy and Gumbel-max: a plain max, which the compiler vectorizes
-    threshold = -INFINITY;
-    for (int64_t i = 0; i < V; ++i) {
-      float lo, up;
-      bounds(i, lo, up);
-      threshold = std::max(threshold, lo);
+  if (k == 1) {  // greedy and Gumbel-max: the largest lower bound
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < V; i += 16) {
+      const __mmask16 m = lanes(V - i);
+      bounds.at(i, m, lo, up);
+      best = _mm512_mask_max_ps(best, m, best, lo);
     }
+    threshold = _mm512_reduce_max_ps(best);
   } else {  // k-th largest lower bound via a size-k min-heap
     std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
-    for (int64_t i = 0; i < V; ++i) {
-      float lo, up;
-      bounds(i, lo, up);
-      if (static_cast<int64_t>(heap.size()) < k) heap.push(lo);
-      else if (lo > heap.top()) { heap.pop(); heap.push(lo); }
+    alignas(64) float block[16];
+    for (int64_t i = 0; i < V; i += 16) {
+      const __mmask16 m = lanes(V - i);
+      bounds.at(i, m, lo, up);
+      _mm512_store_ps(block, lo);
+      for (int64_t r = 0; r < std::min<int64_t>(16, V - i); ++r) {
+        if (static_cast<int64_t>(heap.size()) < k) heap.push(block[r]);
+        else if (block[r] > heap.top()) { heap.pop(); heap.push(block[r]); }
+      }
     }
     threshold = heap.top();
   }
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < V; ++i) {
-    float lo, up;
-    bounds(i, lo, up);
-    if (up >= threshold) ids.push_back(i);
+  const __m512 limit = _mm512_set1_ps(threshold);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  std::unique_ptr<int32_t[]> ids(new int32_t[V]);  // uninitialized: only the first `count` are written
+  int64_t count = 0;
+  for (int64_t i = 0; i < V; i += 16) {
+    const __mmask16 m = lanes(V - i);
+    bounds.at(i, m, lo, up);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(m, up, limit, _CMP_GE_OQ);
+    if (hit) {
+      _mm512_mask_compressstoreu_epi32(ids.get() + count, hit, _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(i))));
+      count += __builtin_popcount(static_cast<unsigned>(hit));
+    }
   }
-  auto out = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
-  std::copy(ids.begin(), ids.end(), out.data_ptr<int64_t>());
+  auto out = torch::empty({count}, torch::kLong);
+  std::copy(ids.get(), ids.get() + count, out.data_ptr<int64_t>());
   return out;
 }
 
