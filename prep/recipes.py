@@ -15,7 +15,7 @@ DEFAULTS = {
     # router sees the final hidden state.
     "router": {
         "corpus": "sharegpt", "max_tokens": 40_000, "max_tokens_per_text": 512, "drafter_layers": 0,
-        "clusters": 256, "width": 512, "max_steps": 2000, "batch_size": 256, "loss": "ce",
+        "clusters": 256, "width": 512, "max_steps": 1000, "batch_size": 256, "loss": "ce",
     },
 }
 
