@@ -143,6 +143,10 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
 
         # The drafter's own head instance (sharing the certified bound): its rows are not the target's.
         own = CertifiedHead(head.weight, head.bias, head.bound) if certified else session.full_head()
+        if drafter.strip() == "int8":  # the int8 drafter drafts with the int8 screening head
+            from runtime.heads.screen_draft import ScreenDraftHead
+
+            own = ScreenDraftHead(session.screen_bound())
         draft = build_drafter(drafter, session.target, own, artifact=session.artifact,
                               target_info=session.model.info)
         if no_verifier:

@@ -32,21 +32,30 @@ class UnsupportedModel(ValueError):
 
 
 @dataclass
+class Projection:
+    """y = x W^T + b through the skinny kernel (runtime.kernels.linear)."""
+
+    weight: torch.Tensor  # [out, in]
+    bias: torch.Tensor | None = None  # [out]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)  # [T, out]
+
+
+@dataclass
 class LeanLayer:
     """One decoder layer's weights and modules, arranged for the lean forward."""
 
     input_norm: torch.nn.Module
-    qkv_weight: torch.Tensor  # [(H + 2 KV) hd, d]
-    qkv_bias: torch.Tensor | None  # [(H + 2 KV) hd]
+    qkv: Projection  # d -> (H + 2 KV) hd
     q_norm: torch.nn.Module | None  # per-head RMSNorm (gemma3)
     k_norm: torch.nn.Module | None
-    o_weight: torch.Tensor  # [d, H hd]
-    o_bias: torch.Tensor | None
+    o: Projection  # H hd -> d
     post_attention_norm: torch.nn.Module | None  # gemma3: normalizes the attention output
     pre_mlp_norm: torch.nn.Module
     post_mlp_norm: torch.nn.Module | None  # gemma3: normalizes the MLP output
-    gate_up_weight: torch.Tensor  # [2 F, d]
-    down_weight: torch.Tensor  # [d, F]
+    gate_up: Projection  # d -> 2 F
+    down: Projection  # F -> d
     activation: torch.nn.Module
     scaling: float
     window: int | None  # sliding-window length, None for full attention
@@ -98,17 +107,15 @@ def _lean_layer(layer: torch.nn.Module, config, index: int, gemma: bool) -> Lean
     window = getattr(attn, "sliding_window", None) if layer_type == "sliding_attention" else None
     return LeanLayer(
         input_norm=layer.input_layernorm,
-        qkv_weight=torch.cat([p.weight.detach() for p in projections]).contiguous(),
-        qkv_bias=qkv_bias,
+        qkv=Projection(torch.cat([p.weight.detach() for p in projections]).contiguous(), qkv_bias),
         q_norm=getattr(attn, "q_norm", None),
         k_norm=getattr(attn, "k_norm", None),
-        o_weight=attn.o_proj.weight.detach(),
-        o_bias=attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None,
+        o=Projection(attn.o_proj.weight.detach(), attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None),
         post_attention_norm=layer.post_attention_layernorm if gemma else None,
         pre_mlp_norm=layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
         post_mlp_norm=layer.post_feedforward_layernorm if gemma else None,
-        gate_up_weight=torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]).contiguous(),
-        down_weight=mlp.down_proj.weight.detach(),
+        gate_up=Projection(torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]).contiguous()),
+        down=Projection(mlp.down_proj.weight.detach()),
         activation=mlp.act_fn,
         scaling=float(attn.scaling),
         window=int(window) if window else None,
@@ -154,7 +161,7 @@ class LeanTarget(TorchTarget):
         self.head_dim = first.head_dim
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
-        self.dtype = self.layers[0].qkv_weight.dtype
+        self.dtype = self.layers[0].qkv.weight.dtype
         self._rotary: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (cos, sin) [P, hd]
         self._extend_rotary(_INITIAL_CAPACITY)
 
@@ -195,8 +202,8 @@ class LeanTarget(TorchTarget):
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)
         x = x + attended
-        gate, up = linear(layer.pre_mlp_norm(x), layer.gate_up_weight).chunk(2, dim=-1)  # [T, F] each
-        mlp = linear(layer.activation(gate) * up, layer.down_weight)  # [T, d]
+        gate, up = layer.gate_up(layer.pre_mlp_norm(x)).chunk(2, dim=-1)  # [T, F] each
+        mlp = layer.down(layer.activation(gate) * up)  # [T, d]
         if layer.post_mlp_norm is not None:
             mlp = layer.post_mlp_norm(mlp)
         return x + mlp
@@ -204,7 +211,7 @@ class LeanTarget(TorchTarget):
     def _attention(self, layer: LeanLayer, h: torch.Tensor, cache: LeanCache, index: int, start: int) -> torch.Tensor:
         """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache."""
         count, hd, heads, kv = h.shape[0], self.head_dim, self.num_heads, self.kv_heads
-        qkv = linear(h, layer.qkv_weight, layer.qkv_bias)  # [T, (H + 2 KV) hd]
+        qkv = layer.qkv(h)  # [T, (H + 2 KV) hd]
         q, k, v = qkv.view(count, heads + 2 * kv, hd).split((heads, kv, kv), dim=1)  # [T, *, hd]
         if layer.q_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
@@ -226,5 +233,5 @@ class LeanTarget(TorchTarget):
             scale=layer.scaling,
             enable_gqa=heads != kv,
         )  # [1, H, T, hd]
-        return linear(out[0].transpose(0, 1).reshape(count, heads * hd), layer.o_weight, layer.o_bias)
+        return layer.o(out[0].transpose(0, 1).reshape(count, heads * hd))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifacts import Artifact
@@ -22,6 +22,7 @@ class Session:
     artifact: Artifact
     model: LoadedModel
     target: TorchTarget
+    _screen_bound: ScreenBound | None = field(default=None, repr=False)
 
     @property
     def tokenizer(self):
@@ -30,13 +31,20 @@ class Session:
     def full_head(self) -> FullHead:
         return FullHead(self.target.head_weight, self.target.head_bias)
 
+    def screen_bound(self) -> ScreenBound:
+        """The screening bound of the artifact's `screen` stage (one int8 head copy per session)."""
+        if self._screen_bound is None:
+            tensors = self.artifact.read_stage(Stage.SCREEN)
+            self._screen_bound = ScreenBound.from_stage(self.target.head_weight, self.target.head_bias, tensors)
+        return self._screen_bound
+
     def certified_head(
         self, bound: str = "screen", max_open_fraction: float = 0.25, adaptive_budget: bool = False
     ) -> CertifiedHead:
         """CertifiedHead over the artifact's `screen` or `clusters` stage."""
         weight, bias = self.target.head_weight, self.target.head_bias
         if bound == "screen":
-            family = ScreenBound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN))
+            family = self.screen_bound()
         elif bound == "cluster":
             tensors = self.artifact.read_stage(Stage.CLUSTERS)
             family = ClusterBound(weight, bias, tensors, max_open_fraction=max_open_fraction, adaptive_budget=adaptive_budget)

@@ -11,9 +11,11 @@ from typing import Callable
 import torch
 
 from runtime.decode import generate_ar
-from runtime.drafters.gp import GPDrafter, GPStage, parse_gp
 from runtime.drafters import LayerDrafter, NgramDrafter, load_model_drafter
-from runtime.heads import CertifiedHead, ScreenBound
+from runtime.drafters.gp import GPDrafter, GPStage, parse_gp
+from runtime.drafters.int8 import Int8Drafter
+from runtime.heads import CertifiedHead
+from runtime.heads.screen_draft import ScreenDraftHead
 from runtime.heads.sampling import SamplingParams
 from runtime.session import BOUNDS, Session
 from runtime.speculative import generate_speculative
@@ -70,9 +72,9 @@ def _spec_options(args: list[str]) -> tuple[list[str], int, bool, bool]:
 
 
 def _spec(session: Session, args: list[str]) -> Decoder:
-    """spec:DRAFTER[:gamma=G][:adaptive][+csv]: DRAFTER is ngram[:MAX_NGRAM], layers:N, gp:RANK[:act] or
-    model:NAME|PATH (a packaged name, HF directory or .gguf with the target's tokenizer); +csv verifies
-    with the certified (screen) head."""
+    """spec:DRAFTER[:gamma=G][:adaptive][+csv]: DRAFTER is ngram[:MAX_NGRAM], layers:N, gp:RANK[:act],
+    model:NAME|PATH (a packaged name, HF directory or .gguf with the target's tokenizer) or int8 (the
+    target with int8 weights and the int8 screening head); +csv verifies with the certified (screen) head."""
     drafter_args, gamma, adaptive, certified = _spec_options(args)
     head = session.certified_head("screen") if certified else session.full_head()
     match drafter_args:
@@ -90,9 +92,11 @@ def _spec(session: Session, args: list[str]) -> Decoder:
             drafter = GPDrafter(session.target, GPStage.load(session.artifact), rank, kind, own)
         case ["model", *path]:
             drafter = load_model_drafter(":".join(path), session.model.info, session.target.vocab_size)
+        case ["int8"]:
+            drafter = Int8Drafter(session.target, ScreenDraftHead(head.bound if certified else session.screen_bound()))
         case _:
             raise ValueError(f"unknown drafter {':'.join(drafter_args)!r}; use spec:ngram, spec:ngram:N, spec:layers:N, "
-                             "spec:gp:RANK[:act] or spec:model:NAME|PATH (options :gamma=G, :adaptive; suffix +csv for the certified "
+                             "spec:gp:RANK[:act], spec:model:NAME|PATH or spec:int8 (options :gamma=G, :adaptive; suffix +csv for the certified "
                              "target head)")
     return lambda prompt, n, params, gen, guard=0: generate_speculative(
         session.target, head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive, min_new_tokens=guard
@@ -169,15 +173,12 @@ def _frspec(session: Session, args: list[str]) -> Decoder:
 def _screenspec(session: Session, args: list[str]) -> Decoder:
     """screenspec:layers:N[:gamma=G][:adaptive]: the layers:N drafter whose head is the int8 screening
     copy (approximate logits, no certification: verification is full-vocabulary)."""
-    from artifacts.format import Stage
-    from runtime.heads.screen_draft import ScreenDraftHead
-
     layers, _, rest = _shortlist_options(args, ())
     drafter_args, gamma, adaptive, certified = _spec_options(rest)
     if certified or drafter_args:
         raise ValueError(f"screenspec options are gamma=G and adaptive; got {':'.join(args)}")
     target = session.target
-    head = ScreenDraftHead(ScreenBound.from_stage(target.head_weight, target.head_bias, session.artifact.read_stage(Stage.SCREEN)))
+    head = ScreenDraftHead(session.screen_bound())
     drafter = LayerDrafter(target, layers, head)
     target_head = session.full_head()
     return lambda prompt, n, params, gen, guard=0: generate_speculative(

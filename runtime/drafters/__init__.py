@@ -2,11 +2,12 @@
 
 from runtime.drafters.base import Drafter, Proposal
 from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp
+from runtime.drafters.int8 import Int8Drafter
 from runtime.drafters.layers import LayerDrafter
 from runtime.drafters.model import ModelDrafter, load_model_drafter
 from runtime.drafters.ngram import NgramDrafter
 
-DRAFTERS_HELP = f"ngram, ngram:MAX_NGRAM, layers:N, {GP_HELP} or model:NAME|PATH (a model with the target's tokenizer)"
+DRAFTERS_HELP = f"ngram, ngram:MAX_NGRAM, layers:N, {GP_HELP}, model:NAME|PATH (a model with the target's tokenizer) or int8 (the target with int8 weights)"
 
 
 def build_drafter(spec: str, target, head, artifact=None, target_info=None) -> Drafter:
@@ -27,6 +28,8 @@ def build_drafter(spec: str, target, head, artifact=None, target_info=None) -> D
                 raise ValueError("gp:RANK needs the artifact whose stage gp holds the bases")
             rank, kind = parse_gp(args)
             return GPDrafter(target, GPStage.load(artifact), rank, kind, head)
+        case ["int8"]:
+            return Int8Drafter(target, head)
         case ["model", *path]:
             if target_info is None:
                 raise ValueError("model:NAME|PATH needs the target's ModelInfo to check the drafter's tokenizer")
@@ -36,6 +39,6 @@ def build_drafter(spec: str, target, head, artifact=None, target_info=None) -> D
 
 
 __all__ = [
-    "DRAFTERS_HELP", "Drafter", "GPDrafter", "LayerDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "build_drafter",
+    "DRAFTERS_HELP", "Drafter", "GPDrafter", "Int8Drafter", "LayerDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "build_drafter",
     "load_model_drafter",
 ]

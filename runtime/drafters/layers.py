@@ -55,7 +55,7 @@ class DecoderDrafter:
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         self.ban = NO_BAN
-        self.cache = TorchCache(self.body.config)
+        self.cache = self._new_cache()
         self.cached: list[int] = []  # the tokens in self.cache, in order
         self.context_length = 0  # length of the context the last proposal followed
 
@@ -64,8 +64,11 @@ class DecoderDrafter:
     ) -> None:
         """Fresh cache for a new sequence; the prompt is fed at the first proposal."""
         self.params, self.generator, self.ban = params, generator, ban
-        self.cache = TorchCache(self.body.config)
+        self.cache = self._new_cache()
         self.cached = []
+
+    def _new_cache(self) -> TorchCache:
+        return TorchCache(self.body.config)
 
     @torch.inference_mode()
     def feed(self, tokens: list[int]) -> torch.Tensor:
