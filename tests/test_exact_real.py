@@ -105,11 +105,13 @@ def test_stop_string_ends_plain_and_speculative_decoding_at_the_same_token(gemma
 DISTRIBUTION_PROMPT = "def add(a, b):\n    return a"  # peaked enough for TV < 0.01 at 2*10^4 samples
 
 
-@pytest.mark.parametrize("temperature, samples, tolerance", [(1.0, 20_000, 0.01), (0.7, 5_000, None)])
+# At 0.7 p is nearly two tokens (0.84 / 0.16), so TV is one binomial deviation (sd 0.0052 at 5*10^3):
+# the 0.01 bound at 2*10^4 scaled by sqrt(4) keeps ~4 sd of margin at a quarter of the cost.
+@pytest.mark.parametrize("temperature, samples, tolerance", [(1.0, 20_000, 0.01), (0.7, 5_000, 0.02)])
 def test_first_token_follows_the_target_on_a_real_model(gemma_session, temperature, samples, tolerance):
     """verify_exact with gemma3-270m's p and the layers:16 drafter's q (TV(p, q) ~ 0.2): the first
-    appended token's empirical law is within 0.01 of p at 2*10^4 samples (at 0.7: within sampling
-    error of 5*10^3), and clearly farther from q."""
+    appended token's empirical law is within 0.01 of p at 2*10^4 samples (at 0.7: 0.02 at 5*10^3),
+    and clearly farther from q."""
     session = gemma_session
     target, params = session.target, SamplingParams(temperature=temperature)
     ids = encode_prompt(session.tokenizer, DISTRIBUTION_PROMPT)
@@ -119,13 +121,11 @@ def test_first_token_follows_the_target_on_a_real_model(gemma_session, temperatu
     q = warp(drafter.head.logits(drafter.feed(ids.tolist())), params)[0]  # [V]
     gen = torch.Generator().manual_seed(0)
     drafts = torch.multinomial(q, samples, replacement=True, generator=gen)  # [N], each a draft from q
-    p_rows, q_rows = torch.stack([p, p]), q[None]  # [2, V]: the bonus row is never the first token
+    p_rows, q_rows = torch.stack([p, p]), q[None]  # [2, V], [1, V]: row 1 (bonus) scores the second token only
     first = torch.tensor([verify_exact(p_rows, q_rows, drafts[i : i + 1], gen).tokens[0] for i in range(samples)])
     empirical = torch.bincount(first, minlength=p.numel()).double() / samples
     p, q = p.double(), q.double()
     tv_p, tv_q = 0.5 * float((empirical - p).abs().sum()), 0.5 * float((empirical - q).abs().sum())
-    if tolerance is None:
-        tolerance = float((p * (1 - p) / samples).sqrt().sum())
     assert tv_p < tolerance, (tv_p, tolerance)
     assert 0.5 * float((p - q).abs().sum()) > 0.1  # q is a different law: the test can tell them apart
-    assert tv_q > 10 * tv_p, (tv_q, tv_p)
+    assert tv_q > 5 * tolerance, (tv_q, tv_p)
