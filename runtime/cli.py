@@ -224,6 +224,7 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, m
     runtime bench art/g270 --prompts prompts.json --methods ar,csv --temperature 0.7
     runtime bench art/qwen --prompts sharegpt --chat --methods ar,spec:layers:20 --min-response-tokens 4
     """
+    from runtime.backend import backend_name
     from runtime.bench.methods import build_method
     from runtime.bench.report import markdown_table, write_reports
     from runtime.bench.runner import run_bench, summarize
@@ -251,7 +252,7 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, m
             "model": session.model.info.name, "prompts": prompt_source, "n": len(prompts),
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "epsilon": epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard, "threads": torch.get_num_threads(),
-            "screen_kernel": kernel_name(),
+            "screen_kernel": kernel_name(), "backend": backend_name(session.target),
         },
         "methods": rows,
     }
@@ -308,6 +309,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     runtime bench-verify art/g270
     runtime bench-verify art/g270 --head csv --repeats 20 --json bench-out/verify.json
     """
+    from runtime.backend import backend_name
     from runtime.bench.report import markdown_rows
     from runtime.bench.verify_cost import best_gamma, verify_cost, write_json
     from runtime.data import load_prompts
@@ -320,15 +322,15 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
                ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
     label = f"csv:{bound}" if head_kind == "csv" else "full"
-    click.echo(f"{session.model.info.name}, head {label}, cache {context} tokens, {torch.get_num_threads()} threads, "
-               f"median of {repeats}")
+    click.echo(f"{session.model.info.name}, {backend_name(session.target)} backend, head {label}, cache {context} tokens, "
+               f"{torch.get_num_threads()} threads, median of {repeats}")
     click.echo(markdown_rows(rows, columns))
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
     click.echo("best gamma with a free drafter (n-gram): " + ", ".join(
         f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
     if json_path:
         record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
-                  "setup": {"model": session.model.info.name, "head": label, "context": context, "repeats": repeats,
+                  "setup": {"model": session.model.info.name, "backend": backend_name(session.target), "head": label, "context": context, "repeats": repeats,
                             "threads": torch.get_num_threads(), "prompts": prompt_source},
                   "rows": rows,
                   "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}

@@ -20,6 +20,7 @@ from runtime.heads.sampling import SamplingParams
 from runtime.session import BOUNDS, Session
 from runtime.speculative import generate_speculative
 from runtime.stats import DecodeStats
+from runtime.target import TorchTarget
 
 # (prompt [P], max new tokens, sampling, generator, min_new_tokens: the EOS guard) -> tokens, stats
 Decoder = Callable[[torch.Tensor, int, SamplingParams, torch.Generator, int], tuple[list[int], DecodeStats]]
@@ -34,11 +35,12 @@ class Method:
 
 
 def _ar(session: Session, args: list[str]) -> Decoder:
-    if args:
-        raise ValueError("method 'ar' takes no arguments")
+    """ar: plain decoding on the session's backend; ar:transformers: on transformers' forward (a reference)."""
+    if args not in ([], ["transformers"]):
+        raise ValueError(f"method 'ar' takes no argument or 'transformers', not ar:{':'.join(args)}")
+    target = TorchTarget(session.target.model, session.target.eos_token_ids) if args else session.target
     head = session.full_head()
-    return lambda prompt, n, params, gen, guard=0: generate_ar(session.target, head, prompt, n, params, gen,
-                                                               min_new_tokens=guard)
+    return lambda prompt, n, params, gen, guard=0: generate_ar(target, head, prompt, n, params, gen, min_new_tokens=guard)
 
 
 def _csv(session: Session, args: list[str]) -> Decoder:
