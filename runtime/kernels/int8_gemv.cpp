@@ -144,7 +144,7 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
   float* yp = y.data_ptr<float>();
   // Blocks of rows outer, batch inner: each weight row streams from memory once for the whole batch.
   // at::parallel_for shares torch's thread pool (a second OpenMP runtime would fight it for cores).
-  at::parallel_for(0, V, 4096, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, V, 256, [&](int64_t begin, int64_t end) {  // 256 rows: body projections split across threads too
     if (G == 1 && B > 1) {  // several hidden states: convert each int8 row pair once per pass
       int64_t i = begin;
       for (; i + 2 <= end; i += 2) {
