@@ -142,9 +142,10 @@ def gemma_artifact(real_gemma, tmp_path_factory):
 def gemma_session(real_gemma, gemma_artifact):
     """A runtime Session over the real model and its artifact (without loading the model twice)."""
     from runtime.session import Session
-    from runtime.target import TorchTarget, eos_ids
+    from runtime.backend import make_target
+    from runtime.target import eos_ids
 
-    target = TorchTarget(real_gemma.model, eos_ids(real_gemma.model, real_gemma.tokenizer))
+    target = make_target(real_gemma.model, eos_ids(real_gemma.model, real_gemma.tokenizer))  # the default backend
     return Session(gemma_artifact, real_gemma, target)
 
 
@@ -160,12 +161,13 @@ def qwen_session(real_qwen, tmp_path_factory):
     from artifacts import Artifact
     from prep import stages
     from runtime.session import Session
-    from runtime.target import TorchTarget, eos_ids
+    from runtime.backend import make_target
+    from runtime.target import eos_ids
 
     path = tmp_path_factory.mktemp("qwen-art") / "art"
     source = stages.HeadSource(real_qwen, Artifact.create(path, real_qwen.info, stages.created_by()))
     stages.write_screen(source, group_size=None, force=False)
-    target = TorchTarget(real_qwen.model, eos_ids(real_qwen.model, real_qwen.tokenizer))
+    target = make_target(real_qwen.model, eos_ids(real_qwen.model, real_qwen.tokenizer))  # the default backend
     return Session(Artifact.open(path), real_qwen, target)
 
 
