@@ -150,10 +150,8 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
         draft = build_drafter(drafter, session.target, own, artifact=session.artifact,
                               target_info=session.model.info)
         if no_verifier:
-            from runtime.drafters.gp import compressed_target
-
             # The GP copy decodes alone with the drafter's head: its own text, unverified.
-            _, stats = generate_ar(compressed_target(session.target, draft.body), own, ids, max_new_tokens, params,
+            _, stats = generate_ar(draft.backend, own, ids, max_new_tokens, params,
                                    generator, on_token=stream, min_new_tokens=guard, stop=stop)
             label = f"{drafter} alone, no verifier"
         else:

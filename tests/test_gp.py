@@ -19,11 +19,13 @@ from runtime.bench.methods import build_method
 from runtime.cli import main as runtime_main
 from runtime.decode import generate_ar
 from runtime.drafters import build_drafter
-from runtime.drafters.gp import GPDrafter, GPStage, compressed_target
+from runtime.drafters.gp import GPDrafter, GPStage, compressed_backend
 from runtime.heads import FullHead
 from runtime.heads.sampling import SamplingParams
+from runtime.lean import LeanTarget
 from runtime.session import open_session
 from runtime.speculative import generate_speculative
+from runtime.target import TorchTarget
 
 PROMPT = "hi w5 w9 w5 w9 w5"
 
@@ -70,23 +72,28 @@ def test_bases_are_orthonormal_and_ordered(built, kind):
         assert (energy[1:] <= energy[:-1] * (1 + 1e-5) + 1e-6).all(), (layer, group)
 
 
-def test_full_rank_reproduces_the_target(built):
+@pytest.mark.parametrize("backend", ["lean", "transformers"])
+def test_full_rank_reproduces_the_target(built, backend):
     """Weights bases of full rank (every direction the weights see) leave the model's output unchanged."""
     session, _ = built
-    target = session.target
+    target = session.target if backend == "lean" else TorchTarget(session.target.model, session.target.eos_token_ids)
+    assert isinstance(target, LeanTarget) == (backend == "lean")
+    stage = GPStage.load(session.artifact)
     ids = torch.tensor([3, 17, 42, 99, 5, 200, 7])
-    copy = compressed_target(target, GPStage.load(session.artifact).decoder(target, 64, "weights"))
     expected = target.forward(ids, target.new_cache())
-    assert torch.allclose(copy.forward(ids, copy.new_cache()), expected, atol=1e-4)
-    low = compressed_target(target, GPStage.load(session.artifact).decoder(target, 8, "weights"))
+    full, low = (compressed_backend(target, stage.bases(rank, "weights")) for rank in (64, 8))
+    assert type(full) is type(target)
+    assert torch.allclose(full.forward(ids, full.new_cache()), expected, atol=1e-4)
     assert not torch.allclose(low.forward(ids, low.new_cache()), expected, atol=1e-2)
     assert target.body.layers[0].self_attn.q_proj.__class__ is torch.nn.Linear  # the target is left as it was
 
 
 @pytest.mark.parametrize("spec", ["gp:8", "gp:16:act", "gp:48"])
-def test_speculative_with_gp_equals_plain_greedy(built, spec):
+@pytest.mark.parametrize("backend", ["lean", "transformers"])
+def test_speculative_with_gp_equals_plain_greedy(built, spec, backend):
     session, _ = built
-    target, head = session.target, session.full_head()
+    target = session.target if backend == "lean" else TorchTarget(session.target.model, session.target.eos_token_ids)
+    head = session.full_head()
     drafter = build_drafter(spec, target, session.full_head(), artifact=session.artifact)
     for prompt in ([3, 17, 42, 99, 5], [9, 9, 250, 4]):
         ids = torch.tensor(prompt)

@@ -10,13 +10,16 @@ the stacked weights) or from real layer inputs (kind `activations`: principal di
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from artifacts import Artifact
 from artifacts.format import Stage
-from runtime.drafters.layers import DecoderDrafter, shallow_copy
+from runtime.drafters.layers import BackendDrafter, shallow_copy
+from runtime.lean import LeanTarget, Projection
 from runtime.target import TorchTarget
 
 # Linears that read the same input, by their path inside a decoder layer (llama, qwen2, gemma3).
@@ -139,15 +142,50 @@ class GPStage:
         return compressed_decoder(target.body, self.bases(rank, kind))
 
 
-class GPDrafter(DecoderDrafter):
-    """Drafts with the GP-compressed copy of the target + final norm + its own head (see DecoderDrafter)."""
+class LowRankProjection:
+    """The lean backend's y = x Wᵀ + b restricted to a basis B [in, k] of its inputs: (x B)(W B)ᵀ + b."""
+
+    def __init__(self, dense: Projection, basis: torch.Tensor) -> None:
+        basis = basis.to(dense.weight)
+        self.project = Projection(basis.T.contiguous())  # [k, in]
+        self.expand = Projection((dense.weight @ basis).contiguous(), dense.bias)  # [out, k]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.expand(self.project(x))  # [T, out]
+
+
+def lean_compressed(target: LeanTarget, bases: dict[tuple[int, str], torch.Tensor]) -> LeanTarget:
+    """A LeanTarget sharing the target's embeddings, norms and rotary tables, with low-rank projections.
+
+    The lean layers fuse q/k/v and gate/up into one projection each, so one basis per group is one
+    LowRankProjection (the groups' names are the lean layers' field names).
+    """
+    clone = copy.copy(target)
+    clone.layers = [
+        dataclasses.replace(layer, **{group: LowRankProjection(getattr(layer, group), bases[(index, group)])
+                                      for group in GROUPS if (index, group) in bases})
+        for index, layer in enumerate(target.layers)
+    ]
+    return clone
+
+
+def compressed_backend(target: TorchTarget, bases: dict[tuple[int, str], torch.Tensor]) -> TorchTarget:
+    """The GP copy of the target as a backend of the same kind: lean for a lean target, else transformers."""
+    if isinstance(target, LeanTarget):
+        return lean_compressed(target, bases)
+    return compressed_target(target, compressed_decoder(target.body, bases))
+
+
+class GPDrafter(BackendDrafter):
+    """Drafts with the GP-compressed copy of the target + final norm + its own head, with its own KV cache."""
 
     def __init__(self, target: TorchTarget, stage: GPStage, rank: int, kind: str, head) -> None:
-        super().__init__(stage.decoder(target, rank, kind), head)
+        self.backend = compressed_backend(target, stage.bases(rank, kind))
+        super().__init__(target.body, head)
 
 
 def compressed_target(target: TorchTarget, body: torch.nn.Module) -> TorchTarget:
-    """A transformers backend over the target's model running `body` (the GP copy): the drafter alone.
+    """A transformers backend over the target's model running `body` (the GP copy of its decoder).
 
     Always the transformers backend: a lean target runs its own fused copies of the weights, not `body`.
     """

@@ -125,3 +125,26 @@ class LayerDrafter(DecoderDrafter):
 
     def __init__(self, target: TorchTarget, layers: int, head) -> None:
         super().__init__(truncated_decoder(target.body, layers), head)
+
+
+class BackendDrafter(DecoderDrafter):
+    """A DecoderDrafter whose decoder is a TargetModel backend (`self.backend`: forward, crop, new_cache).
+
+    Subclasses set `self.backend` before calling DecoderDrafter.__init__ (which makes the first cache).
+    """
+
+    backend: TorchTarget
+
+    def _new_cache(self):
+        return self.backend.new_cache()
+
+    @torch.inference_mode()
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        """Append tokens to the cache; the final-normed hidden state [1, d] of the last one."""
+        hidden = self.backend.forward(torch.tensor(tokens), self.cache)  # [T, d]
+        self.cached.extend(tokens)
+        return hidden[-1:]
+
+    def _crop(self, length: int) -> None:
+        self.backend.crop(self.cache, length)
+        del self.cached[length:]
