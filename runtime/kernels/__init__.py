@@ -22,7 +22,7 @@ def _extension():
     try:
         from torch.utils.cpp_extension import load
 
-        print("specvocab: loading the CPU kernels (compiled on first use, ~1 min)", file=sys.stderr)
+        print("specvocab: loading the CPU kernels (the first use compiles them, ~1 min)", file=sys.stderr)
         return load(
             name="specvocab_int8_gemv",
             sources=[str(source) for source in _SOURCES],
