@@ -14,9 +14,9 @@ import dataclasses
 
 import torch
 
-from runtime.drafters.layers import DecoderDrafter
+from runtime.drafters.layers import BackendDrafter
 from runtime.kernels import SKINNY_MAX_ROWS, screen_gemv
-from runtime.lean import LeanCache, LeanTarget, Projection
+from runtime.lean import LeanTarget, Projection
 
 
 class Int8Projection:
@@ -59,25 +59,11 @@ def int8_copy(target: LeanTarget) -> LeanTarget:
     return clone
 
 
-class Int8Drafter(DecoderDrafter):
-    """Drafts with int8_copy(target) and its own head, keeping its own lean KV cache (see DecoderDrafter)."""
+class Int8Drafter(BackendDrafter):
+    """Drafts with int8_copy(target) and its own head, keeping its own lean KV cache (see BackendDrafter)."""
 
     def __init__(self, target, head) -> None:
         if not isinstance(target, LeanTarget):
             raise ValueError("the int8 drafter runs on the lean backend; use --backend auto or lean")
         self.backend = int8_copy(target)
         super().__init__(target.body, head)
-
-    def _new_cache(self) -> LeanCache:
-        return self.backend.new_cache()
-
-    @torch.inference_mode()
-    def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Append tokens to the cache; the final-normed hidden state [1, d] of the last one."""
-        hidden = self.backend.forward(torch.tensor(tokens), self.cache)  # [T, d]
-        self.cached.extend(tokens)
-        return hidden[-1:]
-
-    def _crop(self, length: int) -> None:
-        self.backend.crop(self.cache, length)
-        del self.cached[length:]
