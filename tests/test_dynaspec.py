@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,21 @@ def built(tiny_model_dir: Path, tmp_path_factory):
     assert (traces / "router-train" / "checkpoints" / "last.ckpt").is_file()
     assert list((traces / "router-train" / "logs").rglob("metrics.csv"))
     return session, traces, corpus
+
+
+@pytest.fixture(scope="module")
+def built_final(built, tmp_path_factory):
+    """A copy of the artifact whose router reads the final hidden state (the int8 drafter's)."""
+    session, traces, _ = built
+    root = tmp_path_factory.mktemp("dynaspec-final")
+    art = root / "art"
+    shutil.copytree(session.artifact.path, art)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+        invoke(["train-router", art, "--traces", traces, "--hidden", "final", "--clusters", 16, "--max-steps", 6,
+                "--width", 32, "--batch-size", 64, "--devices", 1, "--accelerator", "cpu", "--work-dir", root / "work",
+                "--force"])
+        return open_session(art, progress=False)
 
 
 def test_router_forward_shapes_and_state_roundtrip():
@@ -136,9 +152,35 @@ def test_shortlist_head_scores_only_its_clusters(tiny_head):
     assert head.stats.recomputed_fraction == pytest.approx(head.size / len(labels))
 
 
+def test_shortlist_head_context_adds_the_sequence_tokens(tiny_head):
+    V = tiny_head.weight.shape[0]
+    labels = torch.arange(V) % 10
+    head = ShortlistHead(tiny_head.weight, tiny_head.bias, labels, torch.tensor([0]), context=True)
+    head.choose([3])
+    in_cluster = int(torch.nonzero(labels == 3)[0])
+    others = [int(t) for t in torch.nonzero(labels != 3).squeeze(1) if t != 0][:40]  # past the first buffer size
+    head.add_context([others[0], in_cluster, others[0]])
+    head.add_context(others)
+    inside = (labels == 3) | (torch.arange(V) == 0) | torch.isin(torch.arange(V), torch.tensor(others))
+    assert head.size == int(inside.sum())  # the in-cluster and repeated tokens count once
+    full = FullHead(tiny_head.weight, tiny_head.bias).logits(tiny_head.hidden)
+    logits = head.logits(tiny_head.hidden)
+    assert torch.allclose(logits[:, inside], full[:, inside], atol=1e-4)
+    assert torch.isinf(logits[:, ~inside]).all()
+    assert torch.equal(head.select(tiny_head.hidden, SamplingParams()), torch.where(inside, full, float("-inf")).argmax(1))
+    head.choose([4])  # the context stays across steps, the token of cluster 3 included
+    context = torch.isin(torch.arange(V), torch.tensor(others + [in_cluster]))
+    assert head.size == int(((labels == 4) | (torch.arange(V) == 0) | context).sum())
+    head.clear_context()
+    assert head.size == int(((labels == 4) | (torch.arange(V) == 0)).sum())
+    static = ShortlistHead.static(tiny_head.weight, tiny_head.bias, torch.tensor([1, 2]))
+    static.add_context(others)  # context=False: ignored
+    assert static.size == 2
+
+
 @pytest.mark.parametrize("method", ["dynaspec:layers:1:k=1", "dynaspec:layers:1:k=4:schedule=position:router=torch",
-                                    "dynaspec:layers:1:k=2:overlap=1", "frspec:layers:1:20:gamma=3",
-                                    "screenspec:layers:1"])
+                                    "dynaspec:layers:1:k=2:overlap=1", "dynaspec:layers:1:k=1:context=0",
+                                    "frspec:layers:1:20:gamma=3", "frspec:layers:1:20:context=0", "screenspec:layers:1"])
 def test_cheap_drafter_heads_keep_greedy_output(built, method):
     session, _, _ = built
     prompts = [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]
@@ -150,6 +192,24 @@ def test_cheap_drafter_heads_keep_greedy_output(built, method):
         assert tokens == expected
         if not method.startswith("screenspec"):
             assert 0 < stats.shortlist_fraction < 1 and stats.to_json()["shortlist_fraction"] == stats.shortlist_fraction
+
+
+@pytest.mark.parametrize("method", ["dynaspec:int8:k=2", "dynaspec:int8:k=1:context=0:gamma=3+csv", "frspec:int8:20"])
+def test_int8_drafter_with_shortlist_heads_keeps_greedy_output(built_final, method):
+    session = built_final
+    run = build_method(session, method).decode
+    for prompt in [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]:
+        expected, _ = generate_ar(session.target, session.full_head(), prompt, 24, SamplingParams())
+        tokens, stats = run(prompt, 24, SamplingParams(), torch.Generator().manual_seed(0))
+        assert tokens == expected
+        assert 0 < stats.shortlist_fraction < 1
+
+
+def test_router_refuses_a_drafter_it_was_not_trained_for(built, built_final):
+    with pytest.raises(ValueError, match="--hidden final"):
+        build_method(built[0], "dynaspec:int8")
+    with pytest.raises(ValueError, match="--hidden layers:1"):
+        build_method(built_final, "dynaspec:layers:1")
 
 
 def test_routed_drafter_samples_exactly_in_the_loop(built):

@@ -116,70 +116,101 @@ def build_method(session: Session, spec: str) -> Method:
     return Method(spec.strip(), METHODS[name](session, args))
 
 
-def _shortlist_options(args: list[str], known: tuple[str, ...]) -> tuple[int, dict[str, str], list[str]]:
-    """Split 'layers:N[:key=value...]' (DynaSpec, FR-Spec) into N, the known options and the rest."""
-    if len(args) < 2 or args[0] != "layers" or not args[1].isdigit():
-        raise ValueError("dynaspec, frspec and screenspec take a layers:N drafter, e.g. dynaspec:layers:16, "
-                         "frspec:layers:16:26214 or screenspec:layers:16")
+def _shortlist_options(args: list[str], known: tuple[str, ...]) -> tuple[str, dict[str, str], list[str]]:
+    """Split 'layers:N[:key=value...]' or 'int8[:key=value...]' (DynaSpec, FR-Spec) into the drafter
+    ("layers:N" or "int8"), the known options and the rest."""
+    if args[:1] == ["int8"]:
+        drafter, tail = "int8", args[1:]
+    elif len(args) >= 2 and args[0] == "layers" and args[1].isdigit():
+        drafter, tail = f"layers:{args[1]}", args[2:]
+    else:
+        raise ValueError("dynaspec and frspec take a layers:N or int8 drafter, screenspec a layers:N one, e.g. "
+                         "dynaspec:layers:16, dynaspec:int8, frspec:layers:16:26214 or screenspec:layers:16")
     options, rest = {}, []
-    for part in args[2:]:
+    for part in tail:
         key, _, value = part.partition("=")
         if value and key in known:
             options[key] = value
         else:
             rest.append(part)
-    return int(args[1]), options, rest
+    return drafter, options, rest
+
+
+def _switch(options: dict[str, str], key: str) -> bool:
+    """A 0|1 option, 1 when absent."""
+    value = options.get(key, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{key} takes 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _shortlisted(session: Session, drafter, head, gamma: int, adaptive: bool, certified: bool) -> Decoder:
+    """Speculative decoding with a shortlist-head drafter; +csv verifies with the certified head."""
+    from runtime.drafters.dynaspec import with_shortlist_stats
+
+    target_head = session.certified_head("screen") if certified else session.full_head()
+    return with_shortlist_stats(lambda prompt, n, params, gen, guard=0: generate_speculative(
+        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive,
+        min_new_tokens=guard), head)
 
 
 def _dynaspec(session: Session, args: list[str]) -> Decoder:
-    """dynaspec:layers:N[:k=K][:schedule=fixed|position][:router=onnx|torch][:overlap=0|1][:gamma=G][:adaptive]:
-    the layers:N drafter with a router-chosen shortlist head (K clusters, default 16), full verification;
-    overlap=1 (the default: measured 5 % faster on 2 cores) runs the router in a second thread beside the
-    drafter's forward; overlap=0 runs it in line."""
-    from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage, with_shortlist_stats
+    """dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:router=onnx|torch][:overlap=0|1][:context=0|1][:gamma=G][:adaptive][+csv]:
+    the layers:N or int8 drafter with a router-chosen shortlist head (K clusters, default 16), full
+    verification (+csv: the certified head). The router must have been trained on the drafter's hidden
+    state (layers:N, or final for int8). overlap=1 (the default: measured 5 % faster on 2 cores) runs
+    the router in a second thread beside the drafter's forward; overlap=0 runs it in line. context=1
+    (the default) also keeps the sequence's own tokens in the shortlist; context=0 is seed 001's head."""
+    from runtime.drafters.dynaspec import RoutedInt8Drafter, RoutedLayerDrafter, RouterStage
 
-    layers, options, rest = _shortlist_options(args, ("k", "schedule", "router", "overlap"))
+    kind, options, rest = _shortlist_options(args, ("k", "schedule", "router", "overlap", "context"))
     drafter_args, gamma, adaptive, certified = _spec_options(rest)
-    if certified or drafter_args or options.get("overlap", "1") not in ("0", "1"):
-        raise ValueError("dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1, gamma=G, "
-                         f"adaptive; got {':'.join(args)}")
+    if drafter_args:
+        raise ValueError("dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1, "
+                         f"context=0|1, gamma=G, adaptive and the suffix +csv; got {':'.join(args)}")
     stage = RouterStage.load(session.artifact)
-    stage.check_hidden(layers)
-    head = stage.cluster_head(session.target)
-    drafter = RoutedLayerDrafter(session.target, layers, head, stage.runner(options.get("router", "onnx")),
-                                 int(options.get("k", 16)), options.get("schedule", "fixed"), options.get("overlap", "1") == "1")
-    target_head = session.full_head()
-    return with_shortlist_stats(lambda prompt, n, params, gen, guard=0: generate_speculative(
-        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive,
-        min_new_tokens=guard), head)
+    stage.check_hidden(kind, "final" if kind == "int8" else kind)
+    head = stage.cluster_head(session.target, _switch(options, "context"))
+    routing = (stage.runner(options.get("router", "onnx")), int(options.get("k", 16)),
+               options.get("schedule", "fixed"), _switch(options, "overlap"))
+    if kind == "int8":
+        drafter = RoutedInt8Drafter(session.target, head, *routing)
+    else:
+        drafter = RoutedLayerDrafter(session.target, int(kind.split(":")[1]), head, *routing)
+    return _shortlisted(session, drafter, head, gamma, adaptive, certified)
 
 
 def _frspec(session: Session, args: list[str]) -> Decoder:
-    """frspec:layers:N:TOKENS[:gamma=G][:adaptive]: the layers:N drafter whose head scores only the
-    TOKENS most frequent next tokens of the router's training traces (FR-Spec), full verification."""
-    from runtime.drafters.dynaspec import RouterStage, with_shortlist_stats
+    """frspec:layers:N|int8:TOKENS[:context=0|1][:gamma=G][:adaptive][+csv]: the layers:N or int8 drafter
+    whose head scores only the TOKENS most frequent next tokens of the router's training traces
+    (FR-Spec), full verification (+csv: the certified head); context=1 (the default) also keeps the
+    sequence's own tokens, context=0 is FR-Spec's static list."""
+    from runtime.drafters.dynaspec import RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter
 
-    layers, _, rest = _shortlist_options(args, ())
-    if not rest or not rest[0].isdigit():
+    kind, options, rest = _shortlist_options(args, ("context",))
+    size, *rest = rest or [""]
+    if not size.isdigit():
         raise ValueError("frspec needs a shortlist size: frspec:layers:N:TOKENS, e.g. frspec:layers:6:26214")
-    drafter_args, gamma, adaptive, certified = _spec_options(rest[1:])
-    if certified or drafter_args:
-        raise ValueError(f"frspec options are gamma=G and adaptive; got {':'.join(args)}")
-    head = RouterStage.load(session.artifact).frequent_head(session.target, int(rest[0]))
-    drafter = LayerDrafter(session.target, layers, head)
-    target_head = session.full_head()
-    return with_shortlist_stats(lambda prompt, n, params, gen, guard=0: generate_speculative(
-        session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive,
-        min_new_tokens=guard), head)
+    drafter_args, gamma, adaptive, certified = _spec_options(rest)
+    if drafter_args:
+        raise ValueError(f"frspec options are context=0|1, gamma=G, adaptive and the suffix +csv; got {':'.join(args)}")
+    head = RouterStage.load(session.artifact).frequent_head(session.target, int(size), _switch(options, "context"))
+    if kind == "int8":
+        drafter = ShortlistInt8Drafter(session.target, head)
+    else:
+        drafter = ShortlistLayerDrafter(session.target, int(kind.split(":")[1]), head)
+    return _shortlisted(session, drafter, head, gamma, adaptive, certified)
 
 
 def _screenspec(session: Session, args: list[str]) -> Decoder:
     """screenspec:layers:N[:gamma=G][:adaptive]: the layers:N drafter whose head is the int8 screening
     copy (approximate logits, no certification: verification is full-vocabulary)."""
-    layers, _, rest = _shortlist_options(args, ())
+    kind, _, rest = _shortlist_options(args, ())
     drafter_args, gamma, adaptive, certified = _spec_options(rest)
-    if certified or drafter_args:
-        raise ValueError(f"screenspec options are gamma=G and adaptive; got {':'.join(args)}")
+    if kind == "int8" or certified or drafter_args:
+        raise ValueError(f"screenspec takes a layers:N drafter (spec:int8 already drafts with the screening head), "
+                         f"options gamma=G and adaptive; got {':'.join(args)}")
+    layers = int(kind.split(":")[1])
     target = session.target
     head = ScreenDraftHead(session.screen_bound())
     drafter = LayerDrafter(target, layers, head)

@@ -70,13 +70,17 @@ class DecoderDrafter:
     def _new_cache(self) -> TorchCache:
         return TorchCache(self.body.config)
 
-    @torch.inference_mode()
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Append tokens to the cache; the final-normed hidden state [1, d] of the last one."""
+        return self.forward(tokens)[-1:]
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        """Append tokens to the cache; the final-normed hidden states [T, d] of all of them."""
         out = self.body(input_ids=torch.tensor([tokens]), past_key_values=self.cache.inner, use_cache=True)
         self.cache.length += len(tokens)
         self.cached.extend(tokens)
-        return out.last_hidden_state[0, -1:]
+        return out.last_hidden_state[0]
 
     def _crop(self, length: int) -> None:
         if length < self.cache.length:
@@ -139,11 +143,11 @@ class BackendDrafter(DecoderDrafter):
         return self.backend.new_cache()
 
     @torch.inference_mode()
-    def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Append tokens to the cache; the final-normed hidden state [1, d] of the last one."""
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        """Append tokens to the cache; the final-normed hidden states [T, d] of all of them."""
         hidden = self.backend.forward(torch.tensor(tokens), self.cache)  # [T, d]
         self.cached.extend(tokens)
-        return hidden[-1:]
+        return hidden
 
     def _crop(self, length: int) -> None:
         self.backend.crop(self.cache, length)
