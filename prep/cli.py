@@ -8,7 +8,7 @@ import click
 
 from artifacts.format import Stage
 from prep import stages
-from prep.recipes import load_recipe
+from prep.recipes import load_recipe, recipe_hidden
 from prep.router_loss import LOSSES
 from runtime.cli import clean_errors
 from runtime.models import DEFAULT_MODEL, resolve_model
@@ -73,7 +73,7 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
 @main.command("all")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
-@click.option("--with-router", is_flag=True, help="Also run the recipe's prep traces + prep train-router (~15 min).")
+@click.option("--with-router", is_flag=True, help="Also run the recipe's prep traces + prep train-router (gemma3-270m: ~6 min on 2 cores).")
 @click.option("--traces", "traces_dir", default=None, help="Traces directory for --with-router (default: traces/NAME for -o art/NAME).")
 @click.option("--force", is_flag=True, help="Rebuild stages that already exist.")
 @clean_errors
@@ -148,7 +148,7 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
 @click.argument("artifact")
 @click.option("--traces", "traces_dir", required=True, help="Traces directory written by prep traces.")
 @click.option("--clusters", type=int, default=None, help="Token clusters M, spherical k-means of the head rows (default: the recipe's).")
-@click.option("--hidden", default=None, help="Router hidden input: final or layers:N (default: the traces' only drafter depth, else final).")
+@click.option("--hidden", default=None, help="Router hidden input: final (dynaspec:int8) or layers:N (dynaspec:layers:N) (default: the recipe's; auto: the traces' only drafter depth, else final).")
 @click.option("--loss", type=click.Choice(LOSSES), default=None,
               help="ce: the cluster of the target's top-1; multilabel: the clusters of its top tokens (default: the recipe's).")
 @click.option("--width", type=int, default=None, help="Router MLP width (default: the recipe's).")
@@ -184,7 +184,7 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
              "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
     params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters or cfg["clusters"],
-                          hidden, width or cfg["width"], max_steps or cfg["max_steps"], batch_size or cfg["batch_size"],
+                          hidden or recipe_hidden(cfg), width or cfg["width"], max_steps or cfg["max_steps"], batch_size or cfg["batch_size"],
                           lr, seed, loss=loss or cfg["loss"], trainer_flags=flags, force=force)
     recall = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/recall@")}
     sizes = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/shortlist@")}

@@ -11,13 +11,19 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 DEFAULTS = {
     "cluster": {"clusters": 1024, "iterations": 10, "top_m_bias": 3},
     "screen": {"group_size": "auto"},
-    # DynaSpec: prep traces + prep train-router (prep all --with-router). drafter_layers 0 = the
-    # router sees the final hidden state.
+    # DynaSpec: prep traces + prep train-router (prep all --with-router). drafter_layers: the layers:N
+    # hidden states the traces also store (0: none); hidden: the router's input, final (the int8
+    # drafter's), layers:N, or auto (the traces' only drafter depth, else final).
     "router": {
         "corpus": "sharegpt", "max_tokens": 40_000, "max_tokens_per_text": 512, "drafter_layers": 0,
-        "clusters": 256, "width": 512, "max_steps": 1000, "batch_size": 256, "loss": "ce",
+        "hidden": "auto", "clusters": 256, "width": 512, "max_steps": 1000, "batch_size": 256, "loss": "ce",
     },
 }
+
+
+def recipe_hidden(cfg: dict) -> str | None:
+    """The router's hidden input from a `[router]` section; None = the traces decide (auto)."""
+    return None if cfg["hidden"] == "auto" else cfg["hidden"]
 
 
 def load_recipe(model: str) -> dict:

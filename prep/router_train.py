@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from artifacts import StageExists
 from artifacts.format import Stage
 from prep.cluster import _compact, spherical_kmeans
+from prep.recipes import recipe_hidden
 from prep.router_loss import positive_clusters, router_loss
 from prep.traces import SPLITS, build_traces, load_traces, parse_layers, read_index
 from runtime.router import ONNX_FILE, Router, export_onnx
@@ -222,5 +223,5 @@ def router_from_recipe(loaded, artifact, cfg: dict, traces: str | Path, force: b
                  max_tokens_per_text=cfg["max_tokens_per_text"], drafter_layers=parse_layers(cfg["drafter_layers"]),
                  progress=progress)
     session = Session(artifact, loaded, target)
-    return train_router(session, traces, Path(traces) / "router-train", cfg["clusters"], None, cfg["width"],
+    return train_router(session, traces, Path(traces) / "router-train", cfg["clusters"], recipe_hidden(cfg), cfg["width"],
                         cfg["max_steps"], cfg["batch_size"], loss=cfg["loss"], progress=progress, force=force)

@@ -11,6 +11,7 @@ import click
 import torch
 
 from artifacts import ArtifactError
+from runtime.drafters import DRAFTERS_HELP
 from runtime.heads.sampling import SamplingParams
 from runtime.models import ModelError
 
@@ -78,7 +79,7 @@ def main() -> None:
               help="csv --bound cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv --bound cluster: adapt the budget as in seed 000.")
 @click.option("--drafter", default="ngram", show_default=True,
-              help="spec: ngram, ngram:MAX_NGRAM, layers:N, gp:RANK[:act] or model:NAME|PATH (a model with the target's tokenizer).")
+              help=f"spec: {DRAFTERS_HELP}.")
 @click.option("--gamma", type=int, default=4, show_default=True,
               help="spec: tokens drafted per target forward (the starting value with --adaptive).")
 @click.option("--adaptive", is_flag=True, help="spec: gamma +1 after a fully accepted draft, -1 after a rejection.")
@@ -110,6 +111,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"
     runtime generate art/g270 --method spec --drafter layers:6 --adaptive --target-head csv --chat --prompt "Hi!"
     runtime generate art/g270 --method spec --drafter gp:256:act --no-verifier --prompt "def fib(n):"
+    runtime generate art/g270 --method spec --drafter dynaspec:layers:16 --prompt "def fib(n):"
     """
     from runtime.decode import generate_ar
     from runtime.prompting import TextStream, encode_prompt

@@ -17,6 +17,7 @@ from prep.cli import main as prep_main
 from prep.recipes import DEFAULTS
 from prep.router_loss import positive_clusters, router_loss
 from prep.traces import INDEX_FILE, split_of
+from runtime.cli import main as runtime_main
 from runtime.bench.methods import build_method
 from runtime.decode import generate_ar
 from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage
@@ -205,6 +206,18 @@ def test_int8_drafter_with_shortlist_heads_keeps_greedy_output(built_final, meth
         assert 0 < stats.shortlist_fraction < 1
 
 
+def test_generate_decodes_with_dynaspec_drafters(built, built_final, monkeypatch, tmp_path):
+    """`runtime generate --method spec --drafter dynaspec:...` prints plain decoding's text."""
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    for session, drafter in ((built[0], "dynaspec:layers:1:k=2"), (built_final, "dynaspec:int8:k=2"),
+                             (built[0], "frspec:layers:1:20")):
+        args = ["generate", str(session.artifact.path), "--prompt", "w5 w9 w31", "--max-new-tokens", "12"]
+        reference = CliRunner().invoke(runtime_main, [*args, "--method", "ar"])
+        result = CliRunner().invoke(runtime_main, [*args, "--method", "spec", "--drafter", drafter])
+        assert reference.exit_code == 0 and result.exit_code == 0, result.output
+        assert reference.stdout.strip() and result.stdout == reference.stdout
+
+
 def test_router_refuses_a_drafter_it_was_not_trained_for(built, built_final):
     with pytest.raises(ValueError, match="--hidden final"):
         build_method(built[0], "dynaspec:int8")
@@ -284,12 +297,12 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(DEFAULTS, "cluster", {"clusters": 8, "iterations": 2, "top_m_bias": 3})
     monkeypatch.setitem(DEFAULTS, "router", {
-        "corpus": str(corpus), "max_tokens": 1500, "max_tokens_per_text": 64, "drafter_layers": 1, "clusters": 16,
-        "width": 16, "max_steps": 3, "batch_size": 64, "loss": "multilabel"})
+        "corpus": str(corpus), "max_tokens": 1500, "max_tokens_per_text": 64, "drafter_layers": 1, "hidden": "final",
+        "clusters": 16, "width": 16, "max_steps": 3, "batch_size": 64, "loss": "multilabel"})
     art, traces = tmp_path / "art", tmp_path / "traces"
     invoke(["all", tiny_model_dir, "-o", art, "--with-router", "--traces", traces])
     params = RouterStage.load(open_session(art, progress=False).artifact).params
-    assert params["loss"] == "multilabel" and params["hidden"] == "layers:1" and params["steps"] == 3
+    assert params["loss"] == "multilabel" and params["hidden"] == "final" and params["steps"] == 3
     assert 1400 <= sum(e["tokens"] for e in json.loads((traces / INDEX_FILE).read_text())["shards"]) <= 1500
 
 

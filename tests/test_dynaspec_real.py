@@ -24,18 +24,33 @@ PROMPTS = ["def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n", "Th
 
 
 @pytest.fixture(scope="module")
-def router_session(real_gemma, gemma_session, tmp_path_factory):
-    """A gemma3-270m artifact with a router trained 5 steps on 300 traced tokens at layers:16."""
-    root = tmp_path_factory.mktemp("gemma-router")
-    target = gemma_session.target
+def gemma_traces(real_gemma, gemma_session, tmp_path_factory):
+    """300 traced tokens (the final and the layers:16 hidden states)."""
+    traces = tmp_path_factory.mktemp("gemma-traces") / "traces"
     # The first 25 HumanEval prompts, 12 tokens each: text 24 is the first in the validation split.
-    build_traces(target, real_gemma.tokenizer, real_gemma.info.name, "humaneval", root / "traces", max_tokens=300,
+    build_traces(gemma_session.target, real_gemma.tokenizer, real_gemma.info.name, "humaneval", traces, max_tokens=300,
                  max_tokens_per_text=12, drafter_layers=(DEPTH,), progress=False)
-    session = Session(Artifact.create(root / "art", real_gemma.info, created_by()), real_gemma, target)
-    params = train_router(session, root / "traces", root / "work", clusters=32, width=32, max_steps=5, batch_size=32,
-                          kmeans_iterations=2, trainer_flags={"accelerator": "cpu", "devices": 1}, progress=False)
-    assert params["hidden"] == f"layers:{DEPTH}"
+    return traces
+
+
+def routed_session(real_gemma, gemma_session, traces, root, hidden: str) -> Session:
+    """A gemma3-270m artifact with a router trained 5 steps on the traces' `hidden` state."""
+    session = Session(Artifact.create(root / "art", real_gemma.info, created_by()), real_gemma, gemma_session.target)
+    params = train_router(session, traces, root / "work", clusters=32, hidden=hidden, width=32, max_steps=5,
+                          batch_size=32, kmeans_iterations=2, trainer_flags={"accelerator": "cpu", "devices": 1},
+                          progress=False)
+    assert params["hidden"] == hidden
     return session
+
+
+@pytest.fixture(scope="module")
+def router_session(real_gemma, gemma_session, gemma_traces, tmp_path_factory):
+    return routed_session(real_gemma, gemma_session, gemma_traces, tmp_path_factory.mktemp("router"), f"layers:{DEPTH}")
+
+
+@pytest.fixture(scope="module")
+def final_router_session(real_gemma, gemma_session, gemma_traces, tmp_path_factory):
+    return routed_session(real_gemma, gemma_session, gemma_traces, tmp_path_factory.mktemp("router-final"), "final")
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +65,14 @@ def expected(gemma_session):
 
 
 @pytest.mark.parametrize("method", [f"dynaspec:layers:{DEPTH}:k=4:schedule=position",
-                                    f"frspec:layers:{DEPTH}:4096", f"screenspec:layers:{DEPTH}"])
-def test_cheap_drafter_heads_keep_gemma_greedy_output(router_session, gemma_session, expected, method):
-    session = gemma_session if method.startswith("screenspec") else router_session
+                                    f"dynaspec:layers:{DEPTH}:k=4:context=0", f"frspec:layers:{DEPTH}:4096",
+                                    "dynaspec:int8:k=4", f"screenspec:layers:{DEPTH}"])
+def test_cheap_drafter_heads_keep_gemma_greedy_output(router_session, final_router_session, gemma_session, expected,
+                                                      method):
+    if method.startswith("screenspec"):
+        session = gemma_session
+    else:
+        session = final_router_session if method.startswith("dynaspec:int8") else router_session
     run = build_method(session, method).decode
     accepted = 0
     for prompt, tokens in expected:

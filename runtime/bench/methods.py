@@ -116,101 +116,34 @@ def build_method(session: Session, spec: str) -> Method:
     return Method(spec.strip(), METHODS[name](session, args))
 
 
-def _shortlist_options(args: list[str], known: tuple[str, ...]) -> tuple[str, dict[str, str], list[str]]:
-    """Split 'layers:N[:key=value...]' or 'int8[:key=value...]' (DynaSpec, FR-Spec) into the drafter
-    ("layers:N" or "int8"), the known options and the rest."""
-    if args[:1] == ["int8"]:
-        drafter, tail = "int8", args[1:]
-    elif len(args) >= 2 and args[0] == "layers" and args[1].isdigit():
-        drafter, tail = f"layers:{args[1]}", args[2:]
-    else:
-        raise ValueError("dynaspec and frspec take a layers:N or int8 drafter, screenspec a layers:N one, e.g. "
-                         "dynaspec:layers:16, dynaspec:int8, frspec:layers:16:26214 or screenspec:layers:16")
-    options, rest = {}, []
-    for part in tail:
-        key, _, value = part.partition("=")
-        if value and key in known:
-            options[key] = value
-        else:
-            rest.append(part)
-    return drafter, options, rest
-
-
-def _switch(options: dict[str, str], key: str) -> bool:
-    """A 0|1 option, 1 when absent."""
-    value = options.get(key, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{key} takes 0 or 1, got {value!r}")
-    return value == "1"
-
-
-def _shortlisted(session: Session, drafter, head, gamma: int, adaptive: bool, certified: bool) -> Decoder:
-    """Speculative decoding with a shortlist-head drafter; +csv verifies with the certified head."""
+def _shortlisted(session: Session, name: str, args: list[str]) -> Decoder:
+    """dynaspec / frspec (runtime.drafters.shortlisted) plus gamma=G, adaptive and +csv (the certified
+    target head): speculative decoding with a shortlist-head drafter, full-vocabulary verification."""
     from runtime.drafters.dynaspec import with_shortlist_stats
+    from runtime.drafters.shortlisted import build_shortlist_drafter
 
-    target_head = session.certified_head("screen") if certified else session.full_head()
+    text = ":".join(args)
+    parts = [part for part in text.removesuffix("+csv").split(":") if part]
+    loop = [part for part in parts if part == "adaptive" or part.startswith("gamma=")]
+    _, gamma, adaptive, _ = _spec_options(loop)
+    drafter, head = build_shortlist_drafter(":".join([name] + [p for p in parts if p not in loop]),
+                                            session.target, session.artifact)
+    target_head = session.certified_head("screen") if text.endswith("+csv") else session.full_head()
     return with_shortlist_stats(lambda prompt, n, params, gen, guard=0: generate_speculative(
         session.target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive,
         min_new_tokens=guard), head)
 
 
-def _dynaspec(session: Session, args: list[str]) -> Decoder:
-    """dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:router=onnx|torch][:overlap=0|1][:context=0|1][:gamma=G][:adaptive][+csv]:
-    the layers:N or int8 drafter with a router-chosen shortlist head (K clusters, default 16), full
-    verification (+csv: the certified head). The router must have been trained on the drafter's hidden
-    state (layers:N, or final for int8). overlap=1 (the default: measured 5 % faster on 2 cores) runs
-    the router in a second thread beside the drafter's forward; overlap=0 runs it in line. context=1
-    (the default) also keeps the sequence's own tokens in the shortlist; context=0 is seed 001's head."""
-    from runtime.drafters.dynaspec import RoutedInt8Drafter, RoutedLayerDrafter, RouterStage
-
-    kind, options, rest = _shortlist_options(args, ("k", "schedule", "router", "overlap", "context"))
-    drafter_args, gamma, adaptive, certified = _spec_options(rest)
-    if drafter_args:
-        raise ValueError("dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1, "
-                         f"context=0|1, gamma=G, adaptive and the suffix +csv; got {':'.join(args)}")
-    stage = RouterStage.load(session.artifact)
-    stage.check_hidden(kind, "final" if kind == "int8" else kind)
-    head = stage.cluster_head(session.target, _switch(options, "context"))
-    routing = (stage.runner(options.get("router", "onnx")), int(options.get("k", 16)),
-               options.get("schedule", "fixed"), _switch(options, "overlap"))
-    if kind == "int8":
-        drafter = RoutedInt8Drafter(session.target, head, *routing)
-    else:
-        drafter = RoutedLayerDrafter(session.target, int(kind.split(":")[1]), head, *routing)
-    return _shortlisted(session, drafter, head, gamma, adaptive, certified)
-
-
-def _frspec(session: Session, args: list[str]) -> Decoder:
-    """frspec:layers:N|int8:TOKENS[:context=0|1][:gamma=G][:adaptive][+csv]: the layers:N or int8 drafter
-    whose head scores only the TOKENS most frequent next tokens of the router's training traces
-    (FR-Spec), full verification (+csv: the certified head); context=1 (the default) also keeps the
-    sequence's own tokens, context=0 is FR-Spec's static list."""
-    from runtime.drafters.dynaspec import RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter
-
-    kind, options, rest = _shortlist_options(args, ("context",))
-    size, *rest = rest or [""]
-    if not size.isdigit():
-        raise ValueError("frspec needs a shortlist size: frspec:layers:N:TOKENS, e.g. frspec:layers:6:26214")
-    drafter_args, gamma, adaptive, certified = _spec_options(rest)
-    if drafter_args:
-        raise ValueError(f"frspec options are context=0|1, gamma=G, adaptive and the suffix +csv; got {':'.join(args)}")
-    head = RouterStage.load(session.artifact).frequent_head(session.target, int(size), _switch(options, "context"))
-    if kind == "int8":
-        drafter = ShortlistInt8Drafter(session.target, head)
-    else:
-        drafter = ShortlistLayerDrafter(session.target, int(kind.split(":")[1]), head)
-    return _shortlisted(session, drafter, head, gamma, adaptive, certified)
-
-
 def _screenspec(session: Session, args: list[str]) -> Decoder:
     """screenspec:layers:N[:gamma=G][:adaptive]: the layers:N drafter whose head is the int8 screening
     copy (approximate logits, no certification: verification is full-vocabulary)."""
-    kind, _, rest = _shortlist_options(args, ())
-    drafter_args, gamma, adaptive, certified = _spec_options(rest)
-    if kind == "int8" or certified or drafter_args:
-        raise ValueError(f"screenspec takes a layers:N drafter (spec:int8 already drafts with the screening head), "
-                         f"options gamma=G and adaptive; got {':'.join(args)}")
-    layers = int(kind.split(":")[1])
+    if len(args) < 2 or args[0] != "layers" or not args[1].isdigit():
+        raise ValueError("screenspec takes a layers:N drafter, e.g. screenspec:layers:16 (spec:int8 already "
+                         "drafts with the screening head)")
+    layers = int(args[1])
+    drafter_args, gamma, adaptive, certified = _spec_options(args[2:])
+    if certified or drafter_args:
+        raise ValueError(f"screenspec options are gamma=G and adaptive; got {':'.join(args)}")
     target = session.target
     head = ScreenDraftHead(session.screen_bound())
     drafter = LayerDrafter(target, layers, head)
@@ -219,6 +152,6 @@ def _screenspec(session: Session, args: list[str]) -> Decoder:
         target, target_head, drafter, prompt, n, params, gen, gamma=gamma, adaptive=adaptive, min_new_tokens=guard)
 
 
-METHODS["dynaspec"] = _dynaspec
-METHODS["frspec"] = _frspec
+METHODS["dynaspec"] = lambda session, args: _shortlisted(session, "dynaspec", args)
+METHODS["frspec"] = lambda session, args: _shortlisted(session, "frspec", args)
 METHODS["screenspec"] = _screenspec

@@ -7,12 +7,17 @@ from runtime.drafters.layers import LayerDrafter
 from runtime.drafters.model import ModelDrafter, load_model_drafter
 from runtime.drafters.ngram import NgramDrafter
 
-DRAFTERS_HELP = f"ngram, ngram:MAX_NGRAM, layers:N, {GP_HELP}, model:NAME|PATH (a model with the target's tokenizer) or int8 (the target with int8 weights)"
+DRAFTERS_HELP = (
+    f"ngram, ngram:MAX_NGRAM, layers:N, {GP_HELP}, model:NAME|PATH (a model with the target's tokenizer), "
+    "int8 (the target with int8 weights), dynaspec:layers:N|int8[:k=K] (router-shortlisted head) or "
+    "frspec:layers:N|int8:TOKENS (most-frequent-tokens head)"
+)
 
 
 def build_drafter(spec: str, target, head, artifact=None, target_info=None) -> Drafter:
     """A drafter from its command-line name (DRAFTERS_HELP); `head` is the drafter's own LM head
-    (layers:N), not the target's, so the drafter's rows do not count as the target's.
+    (layers:N), not the target's, so the drafter's rows do not count as the target's; dynaspec and
+    frspec drafters make their own shortlist head from the artifact's router stage.
 
     target_info: the target's ModelInfo, which model:NAME|PATH checks the drafter's tokenizer against.
     """
@@ -30,6 +35,12 @@ def build_drafter(spec: str, target, head, artifact=None, target_info=None) -> D
             return GPDrafter(target, GPStage.load(artifact), rank, kind, head)
         case ["int8"]:
             return Int8Drafter(target, head)
+        case ["dynaspec" | "frspec", *_]:
+            if artifact is None:
+                raise ValueError("dynaspec and frspec need the artifact whose stage router holds the router")
+            from runtime.drafters.shortlisted import build_shortlist_drafter
+
+            return build_shortlist_drafter(spec, target, artifact)[0]
         case ["model", *path]:
             if target_info is None:
                 raise ValueError("model:NAME|PATH needs the target's ModelInfo to check the drafter's tokenizer")
