@@ -26,6 +26,7 @@ def _extension():
         return load(
             name="specvocab_int8_gemv",
             sources=[str(source) for source in _SOURCES],
+            extra_include_paths=[str(_SOURCES[0].parent)],  # simd.h; torch also rebuilds when it changes
             extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp"],
             verbose=False,
         )

@@ -8,6 +8,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -16,6 +18,8 @@
 #include <vector>
 
 namespace {
+
+using specvocab::tail_mask;
 
 constexpr int kRows = 4;  // rows per block: independent accumulators hide FMA latency
 constexpr int kPrefetchRows = 8;  // software prefetch this many rows ahead: ~2x on this CPU
@@ -179,10 +183,6 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
 
 namespace {
 
-inline __mmask16 lanes(int64_t remaining) {
-  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
-}
-
 // Bounds of tokens [i, i + 16) (lanes outside m are garbage): radius = c_i |h| + slack (|center| + c_i |h|).
 struct ScreenBounds {
   const float* c;
@@ -226,7 +226,7 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
   if (k == 1) {  // greedy and Gumbel-max: the largest lower bound
     __m512 best = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < V; i += 16) {
-      const __mmask16 m = lanes(V - i);
+      const __mmask16 m = tail_mask(V - i);
       bounds.at(i, m, lo, up);
       best = _mm512_mask_max_ps(best, m, best, lo);
     }
@@ -235,7 +235,7 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
     std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
     alignas(64) float block[16];
     for (int64_t i = 0; i < V; i += 16) {
-      const __mmask16 m = lanes(V - i);
+      const __mmask16 m = tail_mask(V - i);
       bounds.at(i, m, lo, up);
       _mm512_store_ps(block, lo);
       for (int64_t r = 0; r < std::min<int64_t>(16, V - i); ++r) {
@@ -250,7 +250,7 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
   std::unique_ptr<int32_t[]> ids(new int32_t[V]);  // uninitialized: only the first `count` are written
   int64_t count = 0;
   for (int64_t i = 0; i < V; i += 16) {
-    const __mmask16 m = lanes(V - i);
+    const __mmask16 m = tail_mask(V - i);
     bounds.at(i, m, lo, up);
     const __mmask16 hit = _mm512_mask_cmp_ps_mask(m, up, limit, _CMP_GE_OQ);
     if (hit) {

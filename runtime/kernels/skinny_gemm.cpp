@@ -9,16 +9,16 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <algorithm>
 
 namespace {
 
+using specvocab::tail_mask;
+
 constexpr int kRows = 4;           // weight rows per block: independent accumulators hide FMA latency
 constexpr int kPrefetchRows = 8;   // software prefetch this many rows ahead
-
-inline __mmask16 tail_mask(int64_t remaining) {
-  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
-}
 
 // Rows [i, i + kRows) of w against one x row; `prefetch` streams the rows kPrefetchRows ahead.
 inline void block_dot(const float* w, const float* x, int64_t d, bool prefetch, float* out) {
