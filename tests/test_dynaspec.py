@@ -183,27 +183,24 @@ def test_shortlist_head_context_adds_the_sequence_tokens(tiny_head):
                                     "dynaspec:layers:1:k=2:overlap=1", "dynaspec:layers:1:k=1:context=0",
                                     "frspec:layers:1:20:gamma=3", "frspec:layers:1:20:context=0", "screenspec:layers:1"])
 def test_cheap_drafter_heads_keep_greedy_output(built, method):
-    session, _, _ = built
-    prompts = [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]
+    assert_greedy_identity(built[0], method, shortlisted=not method.startswith("screenspec"))
+
+
+def assert_greedy_identity(session, method: str, shortlisted: bool = True) -> None:
+    """`method` decodes plain greedy decoding's tokens; a shortlisted drafter reports a shortlist fraction in (0, 1)."""
     run = build_method(session, method).decode
     head = session.full_head()
-    for prompt in prompts:
+    for prompt in [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]:
         expected, _ = generate_ar(session.target, head, prompt, 24, SamplingParams())
         tokens, stats = run(prompt, 24, SamplingParams(), torch.Generator().manual_seed(0))
         assert tokens == expected
-        if not method.startswith("screenspec"):
+        if shortlisted:
             assert 0 < stats.shortlist_fraction < 1 and stats.to_json()["shortlist_fraction"] == stats.shortlist_fraction
 
 
 @pytest.mark.parametrize("method", ["dynaspec:int8:k=2", "dynaspec:int8:k=1:context=0:gamma=3+csv", "frspec:int8:20"])
 def test_int8_drafter_with_shortlist_heads_keeps_greedy_output(built_final, method):
-    session = built_final
-    run = build_method(session, method).decode
-    for prompt in [torch.tensor([5, 9, 200, 31, 77]), torch.tensor([100, 4, 4, 18])]:
-        expected, _ = generate_ar(session.target, session.full_head(), prompt, 24, SamplingParams())
-        tokens, stats = run(prompt, 24, SamplingParams(), torch.Generator().manual_seed(0))
-        assert tokens == expected
-        assert 0 < stats.shortlist_fraction < 1
+    assert_greedy_identity(built_final, method)
 
 
 def test_generate_decodes_with_dynaspec_drafters(built, built_final, monkeypatch, tmp_path):

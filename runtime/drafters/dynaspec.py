@@ -59,9 +59,10 @@ class RouterStage:
         ids = torch.unique(torch.cat([top, self.tensors["always_ids"]]))
         return ShortlistHead.static(target.head_weight, target.head_bias, ids, context)
 
-    def check_hidden(self, drafter: str, hidden: str) -> None:
-        """The router must have been trained on the hidden state the drafter gives it (`hidden`:
-        layers:N or final)."""
+    def check_hidden(self, drafter: str) -> None:
+        """The router must have been trained on the hidden state the drafter ("layers:N" or "int8")
+        gives it: layers:N, or final for the int8 copy of the whole target."""
+        hidden = "final" if drafter == "int8" else drafter
         if self.params.get("hidden") != hidden:
             raise ValueError(
                 f"the router was trained on the {self.params.get('hidden')!r} hidden state, but a {drafter} "

@@ -15,7 +15,6 @@ from artifacts import Artifact
 from runtime.drafters.dynaspec import (
     RoutedInt8Drafter, RoutedLayerDrafter, RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter,
 )
-from runtime.heads.shortlist import ShortlistHead
 from runtime.target import TorchTarget
 
 SHORTLIST_HELP = "dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:context=0|1] or frspec:layers:N|int8:TOKENS[:context=0|1]"
@@ -23,7 +22,7 @@ ROUTING_OPTIONS = ("k", "schedule", "router", "overlap", "context")
 
 
 def build_shortlist_drafter(spec: str, target: TorchTarget, artifact: Artifact):
-    """The drafter named by `spec` (see the module docstring) and its ShortlistHead."""
+    """The drafter named by `spec` (see the module docstring) and its ShortlistHead (the bench counts its rows)."""
     name, *args = spec.strip().split(":")
     if name not in ("dynaspec", "frspec"):
         raise ValueError(f"not a shortlisted drafter: {spec!r}; use {SHORTLIST_HELP}")
@@ -41,7 +40,7 @@ def build_shortlist_drafter(spec: str, target: TorchTarget, artifact: Artifact):
     if rest:
         raise ValueError(f"dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1 and "
                          f"context=0|1; got {':'.join(rest)!r} in {spec!r}")
-    stage.check_hidden(kind, "final" if kind == "int8" else kind)
+    stage.check_hidden(kind)
     head = stage.cluster_head(target, context)
     routing = (stage.runner(options.get("router", "onnx")), int(options.get("k", 16)),
                options.get("schedule", "fixed"), _switch(options, "overlap"))
@@ -83,4 +82,4 @@ def _switch(options: dict[str, str], key: str) -> bool:
     return value == "1"
 
 
-__all__ = ["SHORTLIST_HELP", "ShortlistHead", "build_shortlist_drafter"]
+__all__ = ["SHORTLIST_HELP", "build_shortlist_drafter"]

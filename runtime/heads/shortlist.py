@@ -54,7 +54,7 @@ class ShortlistHead:
         self.groups = torch.where(groups >= 0, groups, self.clusters + 1)  # [V]
         self.context = context
         self.stats = HeadStats(vocab_size=self.vocab_size)
-        self.clear_context()
+        self._empty_context()
         self.choose([])
 
     @classmethod
@@ -68,12 +68,13 @@ class ShortlistHead:
 
     def clear_context(self) -> None:
         """Forget the sequence's tokens (a new sequence starts)."""
+        self._empty_context()
+        self._refresh()
+
+    def _empty_context(self) -> None:
         self.context_seen: set[int] = set()
         self.context_ids = torch.empty(0, dtype=torch.long)  # [c] in first-seen order
         self.context_rows = self.full_weight.new_empty((16, self.full_weight.shape[1]))  # [capacity, d]
-        self.context_bias = None if self.full_bias is None else self.full_bias.new_empty(16)
-        if hasattr(self, "slices"):
-            self._refresh()
 
     def add_context(self, tokens: list[int]) -> None:
         """The sequence now holds `tokens`: score them at every step from now on (with context=True)."""
@@ -86,17 +87,10 @@ class ShortlistHead:
         ids = torch.tensor(new, dtype=torch.long)
         start, end = len(self.context_ids), len(self.context_ids) + len(new)
         if end > len(self.context_rows):  # grow by doubling: one copy per doubling, not per token
-            capacity = max(end, 2 * len(self.context_rows))
-            rows = self.context_rows.new_empty((capacity, self.context_rows.shape[1]))
+            rows = self.context_rows.new_empty((max(end, 2 * len(self.context_rows)), self.context_rows.shape[1]))
             rows[:start] = self.context_rows[:start]
             self.context_rows = rows
-            if self.context_bias is not None:
-                bias = self.context_bias.new_empty(capacity)
-                bias[:start] = self.context_bias[:start]
-                self.context_bias = bias
         self.context_rows[start:end] = self.full_weight.index_select(0, ids)
-        if self.context_bias is not None:
-            self.context_bias[start:end] = self.full_bias.index_select(0, ids)
         self.context_ids = torch.cat([self.context_ids, ids])
         self._refresh()
 
@@ -129,8 +123,8 @@ class ShortlistHead:
             hidden, self.weight[s:e], None if self.bias is None else self.bias[s:e]) for s, e in self.slices]
         c = len(self.context_ids)
         if c:
-            parts.append(torch.nn.functional.linear(
-                hidden, self.context_rows[:c], None if self.context_bias is None else self.context_bias[:c]))
+            bias = None if self.full_bias is None else self.full_bias[self.context_ids]  # [c]: a few floats, no buffer
+            parts.append(torch.nn.functional.linear(hidden, self.context_rows[:c], bias))
         self.stats.rows += hidden.shape[0]
         self.stats.recomputed_tokens += hidden.shape[0] * self.size
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
