@@ -227,6 +227,35 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
                f"mean retained energy: {energy}")
 
 
+@main.command("bake-onedecode")
+@click.argument("artifact")
+@click.option("--traces", "traces_dir", required=True, help="Traces directory written by prep traces (the target's own top-8).")
+@click.option("--v-bake", type=int, default=2048, show_default=True, help="Most frequent single-token keys baked.")
+@click.option("--top-k", type=int, default=8, show_default=True, help="Candidates kept per key.")
+@click.option("--min-pair-count", type=int, default=8, show_default=True, help="Two-token keys need this many occurrences.")
+@click.option("--force", is_flag=True, help="Overwrite an existing onedecode stage.")
+@clean_errors
+def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_pair_count: int, force: bool) -> None:
+    """Bake the OneDecode table (stage `onedecode`: next-token candidates by the last one or two tokens).
+
+    \b
+    prep bake-onedecode art/g270 --traces traces/g270
+    prep bake-onedecode art/g270 --traces traces/g270 --v-bake 4096 --top-k 4 --force
+    """
+    from artifacts import Artifact, StageExists
+    from prep.onedecode import bake
+
+    art = Artifact.open(artifact)
+    if art.has_stage(Stage.ONEDECODE) and not force:
+        raise StageExists(art.path, Stage.ONEDECODE)
+    tensors, params = bake(traces_dir, art.model.name, art.model.vocab_size, v_bake, top_k, min_pair_count)
+    art.write_stage(Stage.ONEDECODE, tensors, params, force=force)
+    held = params["heldout"]
+    click.echo(f"wrote stage onedecode to {artifact}: {params['single_keys']} single + {params['pair_keys']} pair keys; "
+               f"held-out hit rate {held['hit_rate']:.1%}, top-1 agreement {held['top1_agreement']:.1%}, "
+               f"top-{top_k} recall {held['topk_recall']:.1%} ({held['positions']} positions)")
+
+
 def parse_group_size(value) -> int | None:
     """'auto' -> None (measure), 'row' -> 0 (per-row scales), else a positive integer."""
     if value in ("auto", None):
