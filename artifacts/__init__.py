@@ -12,7 +12,7 @@ from artifacts.errors import (
     StageExists,
     UnknownFormatVersion,
 )
-from artifacts.fingerprint import ModelInfo, same_model, tensor_sha256, vocab_sha256
+from artifacts.fingerprint import ModelInfo, ModelSource, same_model, tensor_sha256, vocab_sha256
 from artifacts.format import FORMAT_VERSION, MANIFEST_FILE, ManifestKey, Stage
 from artifacts.store import Artifact
 
@@ -26,6 +26,7 @@ __all__ = [
     "MissingStage",
     "ModelInfo",
     "ModelMismatch",
+    "ModelSource",
     "NotAnArtifact",
     "Stage",
     "StageExists",

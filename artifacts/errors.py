@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from artifacts.format import FORMAT_VERSION, MANIFEST_FILE, Stage
+from artifacts.format import MANIFEST_FILE, READABLE_VERSIONS, Stage
 
 if TYPE_CHECKING:
     from artifacts.fingerprint import ModelInfo
@@ -52,7 +52,7 @@ class UnknownFormatVersion(ArtifactError):
         self.found = found
         super().__init__(
             f"{Path(path) / MANIFEST_FILE} has format_version {found!r}, but this "
-            f"specvocab reads only {FORMAT_VERSION}; upgrade specvocab or rebuild "
+            f"specvocab reads {' and '.join(map(str, READABLE_VERSIONS))}; upgrade specvocab or rebuild "
             f"with `{RECIPE_COMMAND.format(model='MODEL', artifact='NEWDIR')}`"
         )
 

@@ -9,7 +9,67 @@ from typing import Any
 
 import torch
 
-from artifacts.format import FingerprintKey, ModelKey
+from artifacts.format import FingerprintKey, ModelKey, SourceKey
+
+SOURCE_KINDS = ("packaged", "gguf", "hf-dir")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights came from: a packaged name, a user's .gguf file, or a model directory."""
+
+    kind: str  # one of SOURCE_KINDS
+    name: str = ""  # packaged: the registry name
+    path: str = ""  # gguf / hf-dir: the absolute path the user gave
+    gguf_sha256: str = ""  # packaged / gguf: sha256 of the .gguf file
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"source kind should be one of {', '.join(SOURCE_KINDS)}, got {self.kind!r}")
+
+    @property
+    def model_argument(self) -> str:
+        """The model argument (`--model`) that loads this model again."""
+        return self.name if self.kind == "packaged" else self.path
+
+    def __str__(self) -> str:
+        sha = f" (gguf sha256 {self.gguf_sha256[:16]}…)" if self.gguf_sha256 else ""
+        return f"{self.kind} {self.model_argument}{sha}"
+
+    def to_json(self) -> dict[str, str]:
+        """Return the manifest's `source` object (empty fields left out)."""
+        fields = {SourceKey.KIND: self.kind, SourceKey.NAME: self.name, SourceKey.PATH: self.path,
+                  SourceKey.GGUF_SHA256: self.gguf_sha256}
+        return {k: v for k, v in fields.items() if v}
+
+    @classmethod
+    def from_json(cls, d: Any) -> ModelSource:
+        """Parse a `source` object, or the v1 string form (`packaged:N gguf-sha256:H`, `gguf:P sha256:H`,
+        `hf-dir:P`); ValueError says what is wrong."""
+        if isinstance(d, str):
+            return _legacy_source(d)
+        if not isinstance(d, dict):
+            raise ValueError(f"field 'source' should be an object, got {d!r}")
+        unknown = set(d) - set(SourceKey.ALL)
+        if unknown or not all(isinstance(v, str) for v in d.values()):
+            raise ValueError(f"field 'source' has unknown keys or non-string values: {d!r}")
+        return cls(d.get(SourceKey.KIND, ""), d.get(SourceKey.NAME, ""), d.get(SourceKey.PATH, ""),
+                   d.get(SourceKey.GGUF_SHA256, ""))
+
+
+def _legacy_source(text: str) -> ModelSource:
+    """Parse the one-string provenance of format v1 (and of model caches written before v2)."""
+    kind, _, rest = text.partition(":")
+    if kind == "packaged":
+        name, _, sha = rest.partition(" gguf-sha256:")
+        return ModelSource("packaged", name=name, gguf_sha256=sha)
+    if kind == "gguf":
+        path, _, sha = rest.rpartition(" sha256:")
+        return ModelSource("gguf", path=path, gguf_sha256=sha)
+    if kind == "hf-dir":
+        return ModelSource("hf-dir", path=rest)
+    # Hand-made v1 manifests held a bare path: treat it as a model directory.
+    return ModelSource("hf-dir", path=text)
 
 
 @dataclass(frozen=True)
@@ -17,7 +77,7 @@ class ModelInfo:
     """Provenance and fingerprint of the model an artifact belongs to."""
 
     name: str
-    source: str
+    source: ModelSource
     architecture: str
     vocab_size: int
     hidden_size: int
@@ -33,7 +93,7 @@ class ModelInfo:
         """Return the manifest's `model` object."""
         return {
             ModelKey.NAME: self.name,
-            ModelKey.SOURCE: self.source,
+            ModelKey.SOURCE: self.source.to_json(),
             ModelKey.ARCHITECTURE: self.architecture,
             ModelKey.VOCAB_SIZE: self.vocab_size,
             ModelKey.HIDDEN_SIZE: self.hidden_size,
@@ -49,7 +109,7 @@ class ModelInfo:
         fingerprint = _field(d, ModelKey.FINGERPRINT, dict)
         return cls(
             name=_field(d, ModelKey.NAME, str),
-            source=_field(d, ModelKey.SOURCE, str),
+            source=ModelSource.from_json(d.get(ModelKey.SOURCE)),
             architecture=_field(d, ModelKey.ARCHITECTURE, str),
             vocab_size=_field(d, ModelKey.VOCAB_SIZE, int),
             hidden_size=_field(d, ModelKey.HIDDEN_SIZE, int),

@@ -1,10 +1,12 @@
-"""Constants of the on-disk artifact format (v1), declared once for prep and runtime.
+"""Constants of the on-disk artifact format (v2), declared once for prep and runtime.
 
 An artifact is a directory holding `manifest.json` plus one `<stage>.safetensors`
 file per stage and, for some stages, extra files such as `router.onnx`.
 """
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# v1 differs only in the model's `source`, one string there; it is read and upgraded on the next write.
+READABLE_VERSIONS = (1, 2)
 MANIFEST_FILE = "manifest.json"
 TENSOR_SUFFIX = ".safetensors"
 # Temporary files and directories inside an artifact start with this prefix, so
@@ -30,6 +32,16 @@ class ModelKey:
     VOCAB_SIZE = "vocab_size"
     HIDDEN_SIZE = "hidden_size"
     FINGERPRINT = "fingerprint"
+
+
+class SourceKey:
+    """Keys of the model's `source` object (format v2; v1 held one string)."""
+
+    KIND = "kind"
+    NAME = "name"
+    PATH = "path"
+    GGUF_SHA256 = "gguf_sha256"
+    ALL = (KIND, NAME, PATH, GGUF_SHA256)
 
 
 class FingerprintKey:

