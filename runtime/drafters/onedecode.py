@@ -160,3 +160,63 @@ class FirstProposal:
         """Pass the verdict to the drafter whose proposal it judged."""
         if self.last is not None:
             self.last.observe(verdict)
+
+
+# --- by name: onedecode[:threshold=T][:fallback=ngram|int8|none][:context=first] -------------------
+
+ONEDECODE_HELP = ("onedecode[:threshold=T][:fallback=ngram|int8|none][:context=first] (OneDecode table lookups, "
+                  "stage onedecode; context=first: the context's n-grams before the table)")
+FALLBACKS = ("none", "ngram", "int8")
+
+
+def parse_onedecode(args: list[str]) -> tuple[str, ...]:
+    """Arguments after 'onedecode' -> canonical ('threshold=T', 'fallback=F'[, 'context=first'])."""
+    options = {"threshold": str(DEFAULT_THRESHOLD), "fallback": "none"}
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in ("threshold", "fallback", "context"):
+            raise ValueError(f"unknown onedecode option {arg!r}; use {ONEDECODE_HELP}")
+        options[key] = value
+    try:
+        threshold = float(options["threshold"])
+    except ValueError:
+        threshold = -1.0
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"onedecode's threshold is a confidence in [0, 1], not {options['threshold']!r}; e.g. threshold=0.3")
+    if options["fallback"] not in FALLBACKS:
+        raise ValueError(f"onedecode's fallback is one of {', '.join(FALLBACKS)}, not {options['fallback']!r}")
+    if options.get("context", "first") != "first":
+        raise ValueError(f"onedecode's context option takes only 'first', not {options['context']!r}")
+    if "context" in options and options["fallback"] == "ngram":
+        raise ValueError("context=first already asks the n-gram drafter (before the table); drop fallback=ngram")
+    canonical = (f"threshold={threshold:g}", f"fallback={options['fallback']}")
+    return canonical + (("context=first",) if "context" in options else ())
+
+
+def build_onedecode(context, args: tuple[str, ...]) -> Drafter:
+    """The drafter for parsed arguments; context: runtime.drafters.DraftContext (target, artifact)."""
+    from runtime.drafters.ngram import NgramDrafter
+
+    options = dict(arg.split("=") for arg in args)
+    if context.artifact is None:
+        raise ValueError("the onedecode drafter needs the artifact whose stage onedecode holds the table; "
+                         "run: prep bake-onedecode ART --traces TR")
+    drafters: list[Drafter] = [OneDecodeDrafter(OneDecodeTable.load(context.artifact), float(options["threshold"]))]
+    if options.get("context") == "first":
+        drafters.insert(0, NgramDrafter())
+    if options["fallback"] == "ngram":
+        drafters.append(NgramDrafter())
+    elif options["fallback"] == "int8":
+        drafters.append(_int8_fallback(context))
+    return drafters[0] if len(drafters) == 1 else FirstProposal(drafters)
+
+
+def _int8_fallback(context) -> Drafter:
+    """The int8 self-drafter with the int8 screening head of the artifact's `screen` stage."""
+    from runtime.drafters.int8 import Int8Drafter
+    from runtime.heads.screen_bound import ScreenBound
+    from runtime.heads.screen_draft import ScreenDraftHead
+
+    target = context.target
+    bound = ScreenBound.from_stage(target.head_weight, target.head_bias, context.artifact.read_stage(Stage.SCREEN))
+    return Int8Drafter(target, ScreenDraftHead(bound))
