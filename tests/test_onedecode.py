@@ -233,3 +233,43 @@ def test_parse_and_build_by_name(tmp_path):
     assert isinstance(both, FirstProposal) and isinstance(both.drafters[0], NgramDrafter)
     with pytest.raises(ValueError, match="bake-onedecode"):
         build_onedecode(SimpleNamespace(target=None, head=None, artifact=None, target_info=None), parse_onedecode([]))
+
+
+def test_spec_onedecode_in_generate_and_bench(tiny_model_dir, tmp_path, monkeypatch):
+    """prep traces -> bake-onedecode -> `runtime generate` / `runtime bench` with spec:onedecode on the
+    tiny random Llama: the text equals plain decoding's, with and without fallbacks."""
+    from prep.cli import main as prep_main
+    from runtime.cli import main as runtime_main
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    gen = torch.Generator().manual_seed(0)
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps([{"text": " ".join(f"w{int(t)}" for t in torch.randint(4, 256, (64,), generator=gen))}
+                                  for _ in range(60)]))
+    art, tr = tmp_path / "art", tmp_path / "tr"
+    run = lambda cli, args: CliRunner().invoke(cli, [str(a) for a in args])  # noqa: E731
+    for args in (["cluster", tiny_model_dir, "-o", art, "--clusters", 8],
+                 ["traces", tiny_model_dir, "--corpus", corpus, "-o", tr, "--max-tokens", 4000,
+                  "--max-tokens-per-text", 64, "--drafter-layers", 0],
+                 ["bake-onedecode", art, "--traces", tr, "--v-bake", 256]):
+        result = run(prep_main, args)
+        assert result.exit_code == 0, result.output
+    prompt = ["--prompt", "w5 w9 w5 w9 w5 w12 w7", "--max-new-tokens", 16]
+    reference = run(runtime_main, ["generate", art, "--method", "ar", *prompt])
+    assert reference.exit_code == 0 and reference.stdout.strip(), reference.output
+    for method in ("spec:onedecode:threshold=0", "spec:onedecode:fallback=ngram:gamma=3", "spec:onedecode:context=first"):
+        result = run(runtime_main, ["generate", art, "--method", method, *prompt])
+        assert result.exit_code == 0, result.output
+        assert result.stdout == reference.stdout, method
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": "w5 w9 w5 w9 w5"}, {"text": "w7 w8 w7 w8 w30"}]))
+    out = tmp_path / "b.json"
+    result = run(runtime_main, ["bench", art, "--prompts", prompts, "--methods", "ar,spec:onedecode:threshold=0",
+                                "-n", 2, "--max-new-tokens", 12, "--json", out])
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
+    row = rows["spec:onedecode:threshold=0"]
+    assert row["identical_to_greedy"] == 1.0
+    assert row["acceptance_rate"] > 0  # the table's drafts were accepted: the identity tested something
+    bad = run(runtime_main, ["generate", art, "--method", "spec:onedecode:fallback=gp", *prompt])
+    assert bad.exit_code != 0 and "fallback" in bad.output and "Traceback" not in bad.output
