@@ -4,6 +4,7 @@ figures, the `prep bake-onedecode` command, and the OTT-OD drafter's lookups and
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 import pytest
@@ -141,6 +142,18 @@ def test_drafter_chains_pair_keys_first_and_stops_on_low_confidence():
     assert drafter.top_k([1, 2], 4) == ([5], [0.8]) and drafter.top_k([9], 4) == ([], [])
     with pytest.raises(ValueError, match="threshold"):
         OneDecodeDrafter(crafted_table(), threshold=1.5)
+
+
+def test_swarm_tree_from_the_table():
+    drafter = OneDecodeDrafter(crafted_table())
+    tree = drafter.tree([0, 1], k=2, depth=3, budget=16)
+    paths = sorted(tuple(tree.tokens[p].tolist()) for p in tree.paths())
+    # 1 -> {2 (0.9), 3 (0.05)}; (1, 2) -> 5; 5 -> {6, 7}; 3 -> 4 (the pair (1, 3) is not baked).
+    assert paths == [(2, 5, 6), (2, 5, 7), (3, 4)]
+    assert tree.scores[0] == pytest.approx(math.log(0.9))
+    small = drafter.tree([0, 1], k=2, depth=3, budget=3)  # the 3 most confident nodes: 2, 2-5, 2-5-6
+    assert sorted(tuple(small.tokens[p].tolist()) for p in small.paths()) == [(2, 5, 6)]
+    assert drafter.tree([9], k=4, depth=3, budget=8).size == 0
 
 
 class Recorder:
