@@ -5,10 +5,12 @@ This package depends only on torch and safetensors, never on runtime or prep.
 
 from artifacts.errors import (
     ArtifactError,
+    ArtifactLocked,
     ChecksumMismatch,
     MissingStage,
     ModelMismatch,
     NotAnArtifact,
+    SchemaMismatch,
     StageExists,
     UnknownFormatVersion,
 )
@@ -21,6 +23,7 @@ __all__ = [
     "MANIFEST_FILE",
     "Artifact",
     "ArtifactError",
+    "ArtifactLocked",
     "ChecksumMismatch",
     "ManifestKey",
     "MissingStage",
@@ -28,6 +31,7 @@ __all__ = [
     "ModelMismatch",
     "ModelSource",
     "NotAnArtifact",
+    "SchemaMismatch",
     "Stage",
     "StageExists",
     "UnknownFormatVersion",

@@ -82,12 +82,13 @@ def remove_dead_leftovers(directory: Path) -> list[str]:
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call write(tmp) to create a temporary sibling of `path`, fsync it, rename it over `path`.
 
-    `write` must create the file itself (so it gets the umask's mode). A failure or an interrupt
+    The file gets the umask's mode whatever mode `write` created it with. A failure or an interrupt
     leaves `path` as it was and removes the temporary.
     """
     tmp = path.parent / tmp_name(path.name)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())  # some writers (safetensors) create 0600
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:

@@ -101,3 +101,27 @@ class ModelMismatch(ArtifactError):
             f"{requested.fingerprint_prefix}); rebuild with "
             f"`{prep_command(Stage.CLUSTERS, 'NEWDIR', requested.name)}`"
         )
+
+
+class SchemaMismatch(ArtifactError):
+    """A stage's contents do not fit its schema (names, dtypes, shapes, parameters)."""
+
+    def __init__(self, path: Path | str, stage: str, problem: str, model: str = "MODEL") -> None:
+        self.path = Path(path)
+        self.stage = stage
+        super().__init__(
+            f"artifact {path}, stage {stage!r}: {problem}; rebuild the stage with "
+            f"`{prep_command(stage, path, model)} --force`"
+        )
+
+
+class ArtifactLocked(ArtifactError):
+    """Another live process is writing into the artifact."""
+
+    def __init__(self, path: Path | str, pid: int) -> None:
+        self.path = Path(path)
+        self.pid = pid
+        super().__init__(
+            f"{path} is being written by another prep run (pid {pid}); wait for it to finish, "
+            "or write to another directory with -o"
+        )

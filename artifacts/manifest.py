@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from artifacts.atomic import atomic_write_json
 from artifacts.errors import NotAnArtifact, UnknownFormatVersion
 from artifacts.fingerprint import ModelInfo
 from artifacts.format import (
@@ -183,32 +182,19 @@ def read_manifest(path: Path) -> Manifest:
 
 def write_manifest(path: Path, manifest: Manifest) -> None:
     """Replace `<path>/manifest.json` atomically: temp file, fsync, rename, fsync dir."""
-    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=path)
+    atomic_write_json(path / MANIFEST_FILE, manifest.to_json())
+
+
+def read_verified(path: Path, expected: FileRecord) -> tuple[bytes | None, str | None]:
+    """Read a file once and check those very bytes against its record: (bytes, None) or (None, problem)."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path / MANIFEST_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a directory's entries (renames) to disk where the OS allows it."""
-    if os.name == "nt":  # Windows cannot open a directory for fsync.
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
-    """Flush a file's content to disk."""
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, f"{path.name} is missing"
+    except OSError as e:
+        return None, f"{path.name} cannot be read ({e.strerror or e})"
+    if len(data) != expected.size:
+        return None, f"{path.name} has {len(data)} bytes, expected {expected.size}"
+    if hashlib.sha256(data).hexdigest() != expected.sha256:
+        return None, f"{path.name} fails its sha256 checksum"
+    return data, None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
-import re
 import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +16,23 @@ import safetensors
 import safetensors.torch
 import torch
 
-from artifacts.errors import ChecksumMismatch, MissingStage, ModelMismatch, NotAnArtifact, StageExists
+from artifacts.atomic import WriterLock, pause_point, is_dead_leftover, remove_dead_leftovers, tmp_name
+from artifacts.errors import ArtifactLocked, ChecksumMismatch, MissingStage, ModelMismatch, SchemaMismatch, StageExists
 from artifacts.fingerprint import ModelInfo, same_model
-from artifacts.format import MANIFEST_FILE, TMP_PREFIX, tensor_filename
+from artifacts.format import MANIFEST_FILE, tensor_filename
 from artifacts.manifest import (
-    FileRecord,
     Manifest,
     StageRecord,
-    check_plain_filename,
     file_problem,
-    file_record,
-    fsync_dir,
-    fsync_file,
     read_manifest,
+    read_verified,
     utc_now,
     write_manifest,
 )
+from artifacts.schema import schema_of
+from artifacts.writing import check_new_stage, json_params, swap_in, write_files, check_output_dir
 
-_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+READ_RETRIES = 8  # a reader that sees a file newer than its manifest waits up to ~2.5 s for the writer
 
 
 class Artifact:
@@ -45,15 +44,18 @@ class Artifact:
         self._manifest = manifest
 
     @classmethod
-    def create(cls, path: Path | str, model: ModelInfo, created_by: str) -> Artifact:
-        """Open the artifact at `path` for `model`, making the directory and manifest if absent."""
+    def create(cls, path: Path | str, model: ModelInfo, created_by: str, force: bool = False) -> Artifact:
+        """Open the artifact at `path` for `model`, making the directory and manifest if absent.
+
+        A directory that is not an artifact but holds files with stage names is refused unless
+        `force`: they are someone else's, and writing a stage would replace them.
+        """
         path = Path(path)
         if (path / MANIFEST_FILE).exists():
             artifact = cls.open(path)
             artifact.check_model(model)
             return artifact
-        if path.exists() and not path.is_dir():
-            raise NotAnArtifact(path, "not a directory")
+        check_output_dir(path, force)
         path.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(created_by=created_by, model=model)
         write_manifest(path, manifest)
@@ -93,6 +95,26 @@ class Artifact:
         if not same_model(self.model, model):
             raise ModelMismatch(self.path, self.model, model)
 
+    @contextmanager
+    def writing(self) -> Iterator[Artifact]:
+        """Hold the artifact's writer lock for a whole prep command; refuse at once if another writer has it.
+
+        Taking the lock also deletes the temporaries left by dead writers (killed prep runs).
+        """
+        lock = WriterLock(self.path)
+        if lock.holder() == os.getpid():  # already held by this process: reentrant
+            yield self
+            return
+        holder = lock.acquire()
+        if holder is not None:
+            raise ArtifactLocked(self.path, holder)
+        try:
+            remove_dead_leftovers(self.path)
+            self._manifest = read_manifest(self.path)
+            yield self
+        finally:
+            lock.release()
+
     def write_stage(
         self,
         name: str,
@@ -103,53 +125,61 @@ class Artifact:
     ) -> None:
         """Write `<name>.safetensors` plus extra files and record them, all or nothing.
 
-        Files are written into a temporary directory inside the artifact, synced,
-        renamed into place, and committed by rewriting the manifest. If any step
-        fails, the previous files and manifest are restored.
+        The tensors and params are checked against the stage's schema first. Files are written into
+        a temporary directory inside the artifact, synced, renamed into place, and committed by
+        rewriting the manifest. If any step fails, the previous files and manifest are restored.
         """
         extra_files = dict(extra_files or {})
+        schema = schema_of(name)
+        params = json_params(params)
+        problem = schema.problem(tensors, params, self.model.vocab_size, self.model.hidden_size)
+        if problem is None and set(extra_files) != set(schema.files):
+            problem = f"has files {sorted(extra_files)}, expected {sorted(schema.files)}"
+        if problem is not None:
+            raise ValueError(f"stage {name!r} {problem}")
         filenames = [tensor_filename(name), *extra_files]
-        params = _json_params(params)
-        # Re-read from disk so a stage written through another handle is kept.
-        manifest = read_manifest(self.path)
-        _check_new_stage(manifest, name, filenames)
-        if name in manifest.stages and not force:
-            raise StageExists(self.path, name)
-        old = manifest.stages.get(name)
-        old_names = set(old.files) if old else set()
-        staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.path))
-        try:
-            files = _write_files(staging / "new", name, tensors, extra_files)
-            manifest.stages[name] = StageRecord(params=params, created_at=utc_now(), files=files)
-            _swap_in(self.path, staging, filenames, old_names, lambda: write_manifest(self.path, manifest))
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        self._manifest = manifest
+        with self.writing():
+            # Re-read from disk so a stage written through another handle is kept.
+            manifest = read_manifest(self.path)
+            check_new_stage(manifest, name, filenames)
+            if name in manifest.stages and not force:
+                raise StageExists(self.path, name)
+            old = manifest.stages.get(name)
+            old_names = set(old.files) if old else set()
+            staging = Path(tempfile.mkdtemp(prefix=tmp_name(name) + "-", dir=self.path))
+            try:
+                files = write_files(staging / "new", name, tensors, extra_files)
+                pause_point("stage-staged")  # files written in the temporary dir, nothing replaced yet
+                manifest.stages[name] = StageRecord(params=params, created_at=utc_now(), files=files)
+                swap_in(self.path, staging, filenames, old_names, lambda: write_manifest(self.path, manifest))
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            self._manifest = manifest
 
-    def read_stage(self, name: str, verify: bool = True) -> dict[str, torch.Tensor]:
-        """Load a stage's tensors on CPU, checking every file of the stage first.
+    def read_stage(self, name: str) -> dict[str, torch.Tensor]:
+        """Load a stage's tensors on CPU from bytes that passed their checksum, checked against the schema.
 
-        Raises MissingStage if the stage is absent, ChecksumMismatch if a file
-        is missing, altered or unreadable.
+        Raises MissingStage if the stage is absent, ChecksumMismatch if a file of the stage is
+        missing, altered or unreadable, SchemaMismatch if its contents do not fit the stage.
         """
-        self._stage(name)
-        if verify:
-            self._verify_stage(name)
         filename = tensor_filename(name)
+        data = self._verified_bytes(name, filename)
         try:
-            return safetensors.torch.load_file(self.path / filename, device="cpu")
-        except (safetensors.SafetensorError, OSError) as e:
-            problem = f"{filename} cannot be read ({e})"
-            raise ChecksumMismatch(self.path, name, problem, self.model.name) from e
+            tensors = safetensors.torch.load(data)
+        except (safetensors.SafetensorError, ValueError) as e:
+            raise ChecksumMismatch(self.path, name, f"{filename} cannot be read ({e})", self.model.name) from e
+        params = self._stage(name).params
+        problem = schema_of(name).problem(tensors, params, self.model.vocab_size, self.model.hidden_size)
+        if problem is not None:
+            raise SchemaMismatch(self.path, name, f"{filename} {problem}", self.model.name)
+        return tensors
 
     def stage_file(self, name: str, filename: str) -> Path:
         """Return the path of one file of a stage, e.g. router.onnx, after checking it."""
         if filename not in self._stage(name).files:
             what = f"no file {filename!r} in stage {name!r}"
             raise MissingStage(self.path, name, self.model.name, what=what)
-        problem = self.check_file(name, filename)
-        if problem:
-            raise ChecksumMismatch(self.path, name, problem, self.model.name)
+        self._verified_bytes(name, filename)
         return self.path / filename
 
     def check_file(self, name: str, filename: str) -> str | None:
@@ -167,11 +197,20 @@ class Artifact:
         return problems + self.leftover_problems()
 
     def leftover_problems(self) -> list[str]:
-        """Return one problem per temporary file or directory left by an interrupted write."""
+        """Return one problem per leftover of a dead writer that could not be deleted (a read-only artifact).
+
+        A live writer's temporaries are its work in progress, and a dead writer's are deleted here
+        (or by the next writer), so neither makes the artifact invalid.
+        """
+        if WriterLock(self.path).holder() is None:
+            try:
+                remove_dead_leftovers(self.path)
+            except OSError:
+                pass
         return [
             f"{entry.name} is left over from an interrupted write; delete it"
             for entry in sorted(self.path.iterdir())
-            if entry.name.startswith(TMP_PREFIX)
+            if is_dead_leftover(entry.name)
         ]
 
     def _stage(self, name: str) -> StageRecord:
@@ -181,79 +220,29 @@ class Artifact:
         except KeyError:
             raise MissingStage(self.path, name, self.model.name) from None
 
-    def _verify_stage(self, name: str) -> None:
-        """Raise ChecksumMismatch for the first bad file of a stage."""
-        for filename in self._stage(name).files:
-            problem = self.check_file(name, filename)
-            if problem:
+    def _verified_bytes(self, name: str, filename: str) -> bytes:
+        """Return the bytes of one file of a stage, after checking every file of the stage.
+
+        A writer replaces files first and the manifest last, so a reader may see a file newer than
+        its manifest: it then re-reads the manifest, and waits while a live writer holds the lock,
+        before calling a mismatch corruption. The bytes returned are the bytes that were hashed.
+        """
+        for attempt in range(READ_RETRIES):
+            record = self._stage(name)
+            if filename not in record.files:
+                problem = f"the manifest records no checksum for {filename}"
                 raise ChecksumMismatch(self.path, name, problem, self.model.name)
-
-
-def _json_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Return params as they will read back from JSON; fail before anything is written."""
-    if not isinstance(params, dict):
-        raise TypeError(f"stage params must be a dict, got {type(params).__name__}")
-    try:
-        return json.loads(json.dumps(params, allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"stage params must be plain JSON (no NaN, tensors or objects): {e}") from e
-
-
-def _check_new_stage(manifest: Manifest, name: str, filenames: list[str]) -> None:
-    """Raise ValueError for a bad stage name or a file name that is unsafe or taken."""
-    if not _STAGE_NAME.fullmatch(name):
-        raise ValueError(f"stage name {name!r} must be lower_snake_case")
-    if len(set(filenames)) != len(filenames):
-        raise ValueError(f"stage {name!r} lists a file twice: {filenames}")
-    for filename in filenames:
-        check_plain_filename(filename)
-        for other, record in manifest.stages.items():
-            if other != name and filename in record.files:
-                raise ValueError(f"{filename!r} already belongs to stage {other!r}")
-
-
-def _write_files(
-    dest: Path, name: str, tensors: dict[str, torch.Tensor], extra_files: dict[str, bytes]
-) -> dict[str, FileRecord]:
-    """Write and fsync a stage's files into `dest`; return their records, tensors file first."""
-    dest.mkdir()
-    tensor_path = dest / tensor_filename(name)
-    safetensors.torch.save_file(
-        {key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}, str(tensor_path)
-    )
-    fsync_file(tensor_path)
-    for filename, data in extra_files.items():
-        with open(dest / filename, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    return {filename: file_record(dest / filename) for filename in [tensor_path.name, *extra_files]}
-
-
-def _swap_in(
-    art: Path, staging: Path, new_names: list[str], old_names: set[str], commit: Callable[[], None]
-) -> None:
-    """Move staged files into `art` and commit; on any failure, put the old files back."""
-    backup = staging / "old"
-    backup.mkdir()
-    moved: list[str] = []
-    placed: list[str] = []
-    try:
-        # Old files of the stage, and strays at the new names, go aside so they
-        # can be restored; once committed they are deleted with the staging dir.
-        for filename in sorted(old_names | set(new_names)):
-            if (art / filename).exists():
-                os.replace(art / filename, backup / filename)
-                moved.append(filename)
-        for filename in new_names:
-            os.replace(staging / "new" / filename, art / filename)
-            placed.append(filename)
-        fsync_dir(art)
-        commit()
-    except BaseException:
-        for filename in placed:
-            (art / filename).unlink(missing_ok=True)
-        for filename in moved:
-            os.replace(backup / filename, art / filename)
-        fsync_dir(art)
-        raise
+            data, problem = read_verified(self.path / filename, record.files[filename])
+            for other in record.files:
+                if problem is None and other != filename:
+                    problem = self.check_file(name, other)
+            if problem is None:
+                return data  # type: ignore[return-value]
+            fresh = read_manifest(self.path)
+            changed = fresh.stages.get(name) != record
+            self._manifest = fresh
+            if not changed and WriterLock(self.path).holder() is None:
+                break
+            if not changed:
+                time.sleep(min(0.02 * 2**attempt, 1.0))
+        raise ChecksumMismatch(self.path, name, problem, self.model.name)

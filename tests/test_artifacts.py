@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -15,6 +16,7 @@ import safetensors.torch
 import torch
 
 import artifacts.store
+from artifacts.schema import schema_of
 from artifacts import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -26,6 +28,7 @@ from artifacts import (
     ModelMismatch,
     ModelSource,
     NotAnArtifact,
+    SchemaMismatch,
     Stage,
     StageExists,
     UnknownFormatVersion,
@@ -53,15 +56,38 @@ def make_model(seed: int = 0, name: str = "tiny") -> ModelInfo:
     )
 
 
+PATTERN_EXAMPLES = {  # one tensor per name pattern of the stages that have them
+    Stage.GP: {"weights.0.qkv": (8, 4), "weights.0.qkv.energy": (4,)},
+    Stage.ROUTER: {"router.net.0.weight": (4, 16), "router.net.0.bias": (4,)},
+}
+
+
+def _size(dim: str) -> int:
+    """A size for one symbolic dimension, for V=32, d=8 and every other symbol 4."""
+    symbol, _, plus = dim.partition("+")
+    base = int(symbol) if symbol.isdigit() else {"V": 32, "d": 8, "*": 3}.get(symbol, 4)
+    return base + int(plus or 0)
+
+
+def stage_data(stage: str, seed: int = 0, **params) -> tuple[dict[str, torch.Tensor], dict, dict[str, bytes]]:
+    """Tensors, params and extra files that fit `stage`'s schema for make_model() (values random)."""
+    schema = schema_of(stage)
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {n: [_size(d) for d in spec.shape] for n, spec in schema.tensors.items()}
+    shapes.update(PATTERN_EXAMPLES.get(stage, {}))
+    dtypes = {n: spec.dtype for n, spec in schema.tensors.items()}
+    tensors = {n: (torch.randn(shape, generator=gen) * 10).to(getattr(torch, dtypes.get(n, "float32")))
+               for n, shape in shapes.items()}
+    extra = {f: f"{f} {seed}".encode() for f in schema.files}
+    return tensors, {**{k: 1 for k in schema.params}, **params}, extra
+
+
 def cluster_tensors() -> dict[str, torch.Tensor]:
-    """Return small tensors of several dtypes, as a clusters stage might hold."""
-    gen = torch.Generator().manual_seed(1)
-    return {
-        "centroids": torch.randn(4, 8, generator=gen),
-        "radii": torch.rand(4, generator=gen, dtype=torch.float64),
-        "assign": torch.randint(0, 4, (32,), generator=gen),
-        "bias": torch.randn(4, generator=gen).to(torch.bfloat16),
-    }
+    """Valid clusters-stage tensors (several dtypes)."""
+    return stage_data(Stage.CLUSTERS)[0]
+
+
+CLUSTER_PARAMS = {**stage_data(Stage.CLUSTERS)[1], "k": 4, "metric": "cosine"}
 
 
 def snapshot(path: Path) -> dict[str, bytes]:
@@ -73,24 +99,25 @@ def snapshot(path: Path) -> dict[str, bytes]:
 def art(tmp_path: Path) -> Artifact:
     """An artifact with one clusters stage."""
     artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), {"k": 4, "metric": "cosine"})
+    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
     return artifact
 
 
 def test_round_trip_tensors_params_and_extra_files(tmp_path: Path) -> None:
     artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    tensors = {"w": torch.arange(12.0).reshape(3, 4).t(), "b": torch.ones(3, dtype=torch.bfloat16)}
+    tensors, params, _ = stage_data(Stage.ROUTER, hidden=[16, 8], lr=1e-3)
+    tensors["router.net.0.weight"] = torch.arange(12.0).reshape(3, 4).t()  # not contiguous
     onnx = b"\x08\x07fake onnx bytes"
-    artifact.write_stage(Stage.ROUTER, tensors, {"hidden": [16, 8], "lr": 1e-3}, {"router.onnx": onnx})
+    artifact.write_stage(Stage.ROUTER, tensors, params, {"router.onnx": onnx})
 
     reopened = Artifact.open(tmp_path / "art")
     loaded = reopened.read_stage(Stage.ROUTER)
-    assert set(loaded) == {"w", "b"}
+    assert set(loaded) == set(tensors)
     for key, t in tensors.items():
         assert loaded[key].dtype == t.dtype and loaded[key].device.type == "cpu"
         assert loaded[key].is_contiguous()
         assert torch.equal(loaded[key], t)
-    assert reopened.stage_params(Stage.ROUTER) == {"hidden": [16, 8], "lr": 1e-3}
+    assert reopened.stage_params(Stage.ROUTER) == params
     assert reopened.stage_file(Stage.ROUTER, "router.onnx").read_bytes() == onnx
     assert reopened.stages == [Stage.ROUTER] and reopened.has_stage(Stage.ROUTER)
     assert reopened.model == make_model()
@@ -104,7 +131,7 @@ def test_manifest_content(art: Artifact) -> None:
     assert ModelInfo.from_json(data["model"]) == make_model()
     assert set(data["model"]["fingerprint"]) == {"lm_head_sha256", "vocab_sha256"}
     stage = data["stages"]["clusters"]
-    assert stage["params"] == {"k": 4, "metric": "cosine"}
+    assert stage["params"] == CLUSTER_PARAMS
     created = datetime.fromisoformat(stage["created_at"])
     assert created.utcoffset() == timedelta(0)
     file_bytes = (art.path / "clusters.safetensors").read_bytes()
@@ -115,13 +142,15 @@ def test_manifest_content(art: Artifact) -> None:
 
 def test_nothing_is_pickled(tmp_path: Path) -> None:
     artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), {"k": 4})
-    artifact.write_stage(Stage.ROUTER, {"w": torch.zeros(2)}, {}, {"router.onnx": b"onnx"})
+    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
+    tensors, params, extra = stage_data(Stage.ROUTER)
+    artifact.write_stage(Stage.ROUTER, tensors, params, extra)
     names = sorted(p.name for p in artifact.path.iterdir())
     assert names == ["clusters.safetensors", MANIFEST_FILE, "router.onnx", "router.safetensors"]
     assert not [p for p in artifact.path.rglob("*") if p.suffix in (".pt", ".pth", ".pkl", ".bin")]
     # Readable by the plain safetensors loader, which cannot unpickle anything.
-    assert torch.equal(safetensors.torch.load_file(artifact.path / "router.safetensors")["w"], torch.zeros(2))
+    plain = safetensors.torch.load_file(artifact.path / "router.safetensors")
+    assert torch.equal(plain["token_counts"], tensors["token_counts"])
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
@@ -142,13 +171,12 @@ def test_damaged_file_raises_checksum_mismatch(art: Artifact, damage: str) -> No
 
 def test_corrupt_extra_file_is_caught_by_stage_file_and_read_stage(tmp_path: Path) -> None:
     artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.ROUTER, {"w": torch.zeros(2)}, {}, {"router.onnx": b"good"})
-    (artifact.path / "router.onnx").write_bytes(b"evil")
+    artifact.write_stage(Stage.ROUTER, *stage_data(Stage.ROUTER))
+    (artifact.path / "router.onnx").write_bytes(b"router.onnx 9")  # same size, other bytes
     with pytest.raises(ChecksumMismatch, match="router.onnx fails its sha256"):
         artifact.stage_file(Stage.ROUTER, "router.onnx")
     with pytest.raises(ChecksumMismatch):
         artifact.read_stage(Stage.ROUTER)
-    assert torch.equal(artifact.read_stage(Stage.ROUTER, verify=False)["w"], torch.zeros(2))
 
 
 def test_verify_is_empty_for_an_intact_artifact(art: Artifact) -> None:
@@ -229,19 +257,18 @@ def test_missing_stage_names_the_prep_command(art: Artifact) -> None:
 def test_existing_stage_needs_force(art: Artifact) -> None:
     before = snapshot(art.path)
     with pytest.raises(StageExists, match="pass --force to overwrite"):
-        art.write_stage(Stage.CLUSTERS, {"x": torch.ones(1)}, {"k": 1})
+        art.write_stage(Stage.CLUSTERS, *stage_data(Stage.CLUSTERS, seed=1)[:2])
     assert snapshot(art.path) == before
-    assert art.stage_params(Stage.CLUSTERS) == {"k": 4, "metric": "cosine"}
+    assert art.stage_params(Stage.CLUSTERS) == CLUSTER_PARAMS
 
 
-def test_force_overwrites_and_drops_files_no_longer_listed(tmp_path: Path) -> None:
+def test_force_overwrites(tmp_path: Path) -> None:
     artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.ROUTER, {"w": torch.zeros(2)}, {"v": 1}, {"router.onnx": b"old"})
-    artifact.write_stage(Stage.ROUTER, {"w": torch.ones(3)}, {"v": 2}, force=True)
+    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
+    artifact.write_stage(Stage.CLUSTERS, *stage_data(Stage.CLUSTERS, seed=1, v=2)[:2], force=True)
     reopened = Artifact.open(artifact.path)
-    assert torch.equal(reopened.read_stage(Stage.ROUTER)["w"], torch.ones(3))
-    assert reopened.stage_params(Stage.ROUTER) == {"v": 2}
-    assert not (artifact.path / "router.onnx").exists()
+    assert torch.equal(reopened.read_stage(Stage.CLUSTERS)["radii"], stage_data(Stage.CLUSTERS, seed=1)[0]["radii"])
+    assert reopened.stage_params(Stage.CLUSTERS)["v"] == 2
     assert reopened.verify() == []
 
 
@@ -259,7 +286,7 @@ def test_failed_write_leaves_previous_state(
     before = snapshot(art.path)
     monkeypatch.setattr(safetensors.torch, "save_file", _save_half_then_fail)
     with pytest.raises(OSError, match="disk full"):
-        art.write_stage(stage, {"u": torch.ones(2)}, {"rank": 2}, force=force)
+        art.write_stage(stage, *stage_data(stage, seed=2)[:2], force=force)
     assert snapshot(art.path) == before
     assert not [p for p in art.path.iterdir() if p.name.startswith(".tmp-")]
     reopened = Artifact.open(art.path)
@@ -269,7 +296,7 @@ def test_failed_write_leaves_previous_state(
 
 def test_failed_manifest_commit_restores_old_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.ROUTER, {"w": torch.zeros(2)}, {"v": 1}, {"router.onnx": b"old"})
+    artifact.write_stage(Stage.ROUTER, *stage_data(Stage.ROUTER, v=1))
     before = snapshot(artifact.path)
 
     def fail_commit(path: Path, manifest: object) -> None:
@@ -278,31 +305,31 @@ def test_failed_manifest_commit_restores_old_files(tmp_path: Path, monkeypatch: 
     # Fails after the new files were renamed into place: the rollback path.
     monkeypatch.setattr(artifacts.store, "write_manifest", fail_commit)
     with pytest.raises(KeyboardInterrupt):
-        artifact.write_stage(
-            Stage.ROUTER, {"w": torch.ones(2)}, {"v": 2}, {"router.onnx": b"new"}, force=True
-        )
+        artifact.write_stage(Stage.ROUTER, *stage_data(Stage.ROUTER, seed=1, v=2), force=True)
     assert snapshot(artifact.path) == before
-    assert artifact.stage_params(Stage.ROUTER) == {"v": 1}
+    assert artifact.stage_params(Stage.ROUTER)["v"] == 1
     assert Artifact.open(artifact.path).verify() == []
 
 
 def test_bad_names_and_params_are_rejected_before_writing(art: Artifact) -> None:
     before = snapshot(art.path)
-    with pytest.raises(ValueError, match="plain file name"):
-        art.write_stage(Stage.ROUTER, {}, {}, {"../router.onnx": b"x"})
-    with pytest.raises(ValueError, match="belongs to stage 'clusters'"):
-        art.write_stage(Stage.ROUTER, {}, {}, {"clusters.safetensors": b"x"})
-    with pytest.raises(ValueError, match="lower_snake_case"):
+    tensors, params, _ = stage_data(Stage.ROUTER)
+    with pytest.raises(ValueError, match="has files"):
+        art.write_stage(Stage.ROUTER, tensors, params, {"../router.onnx": b"x"})
+    with pytest.raises(ValueError, match="no schema is declared for stage 'Router/x'"):
         art.write_stage("Router/x", {}, {})
     with pytest.raises(ValueError, match="plain JSON"):
-        art.write_stage(Stage.ROUTER, {}, {"t": torch.ones(1)})
+        art.write_stage(Stage.ROUTER, tensors, {"t": torch.ones(1)})
+    with pytest.raises(ValueError, match=r"tensor 'qweight' has shape \[32, 7\], expected \[V, d\]"):
+        art.write_stage(Stage.SCREEN, {**stage_data(Stage.SCREEN)[0], "qweight": torch.zeros(32, 7, dtype=torch.int8)},
+                        stage_data(Stage.SCREEN)[1])
     assert snapshot(art.path) == before
 
 
 def test_writes_through_another_handle_are_kept(art: Artifact) -> None:
     other = Artifact.open(art.path)
-    other.write_stage(Stage.GP, {"basis": torch.eye(2)}, {"rank": 2})
-    art.write_stage(Stage.ONEDECODE, {"table": torch.zeros(3, dtype=torch.int32)}, {})
+    other.write_stage(Stage.GP, *stage_data(Stage.GP)[:2])
+    art.write_stage(Stage.ONEDECODE, *stage_data(Stage.ONEDECODE)[:2])
     assert Artifact.open(art.path).stages == [Stage.CLUSTERS, Stage.GP, Stage.ONEDECODE]
 
 
@@ -339,3 +366,88 @@ def test_describe_artifact(art: Artifact) -> None:
 
     report, valid = describe_artifact(art.path / "nope")
     assert not valid and "not a specvocab artifact" in report
+
+
+def _rewrite_record(art: Artifact, stage: str, filename: str) -> None:
+    """Make the manifest's record of one file match the file's current bytes (a tamper that passes checksums)."""
+    data = json.loads((art.path / MANIFEST_FILE).read_text())
+    payload = (art.path / filename).read_bytes()
+    data["stages"][stage]["files"][filename] = {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+    (art.path / MANIFEST_FILE).write_text(json.dumps(data))
+
+
+def test_a_stage_holding_another_stages_file_is_a_schema_error(art: Artifact) -> None:
+    art.write_stage(Stage.SCREEN, *stage_data(Stage.SCREEN)[:2])
+    (art.path / "screen.safetensors").write_bytes((art.path / "clusters.safetensors").read_bytes())
+    _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
+    with pytest.raises(SchemaMismatch, match=r"lacks tensor\(s\) qweight.*holds stage 'clusters'.*--force"):
+        Artifact.open(art.path).read_stage(Stage.SCREEN)
+
+
+def test_the_loaded_file_is_always_verified(art: Artifact) -> None:
+    """Emptying a stage's `files` does not skip the checksum: an unlisted file is refused."""
+    data = json.loads((art.path / MANIFEST_FILE).read_text())
+    data["stages"]["clusters"]["files"] = {}
+    (art.path / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(ChecksumMismatch, match="records no checksum for clusters.safetensors"):
+        Artifact.open(art.path).read_stage(Stage.CLUSTERS)
+
+
+def test_a_wrong_shape_for_this_model_is_a_schema_error(tmp_path: Path) -> None:
+    art = Artifact.create(tmp_path / "art", make_model(), VERSION)
+    tensors, params, _ = stage_data(Stage.SCREEN)
+    art.write_stage(Stage.SCREEN, tensors, params)
+    bad = {**tensors, "row_norms": torch.zeros(31)}
+    safetensors.torch.save_file(bad, str(art.path / "screen.safetensors"))
+    _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
+    with pytest.raises(SchemaMismatch, match=r"'row_norms' has shape \[31\], expected \[V\] with V=32"):
+        Artifact.open(art.path).read_stage(Stage.SCREEN)
+
+
+def test_a_reader_with_an_old_manifest_rereads_it(art: Artifact) -> None:
+    """A reader that opened the manifest before a --force rewrite gets the new stage, not a corruption error."""
+    reader = Artifact.open(art.path)
+    writer = Artifact.open(art.path)
+    new = stage_data(Stage.CLUSTERS, seed=5)
+    writer.write_stage(Stage.CLUSTERS, *new[:2], force=True)
+    assert torch.equal(reader.read_stage(Stage.CLUSTERS)["radii"], new[0]["radii"])
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(art: Artifact) -> None:
+    from artifacts.atomic import LOCK_FILE
+
+    with art.writing():
+        assert (art.path / LOCK_FILE).read_text().strip() == str(os.getpid())
+        held = subprocess.run([sys.executable, "-c", (
+            "import sys, torch; from artifacts import Artifact; "
+            f"a = Artifact.open({str(art.path)!r})\n"
+            "try:\n    a.writing().__enter__()\nexcept Exception as e:\n    print(e)")],
+            capture_output=True, text=True, check=True)
+        assert f"being written by another prep run (pid {os.getpid()})" in held.stdout
+    assert not (art.path / LOCK_FILE).exists()
+    (art.path / LOCK_FILE).write_text(f"{2**22 + 1}\n")  # a pid no process can have
+    (art.path / f".tmp-{2**22 + 1}-abcd-clusters").mkdir()  # and its leftover
+    art.write_stage(Stage.SCREEN, *stage_data(Stage.SCREEN)[:2])
+    assert sorted(p.name for p in art.path.iterdir()) == ["clusters.safetensors", MANIFEST_FILE, "screen.safetensors"]
+
+
+def test_files_get_the_umask_mode(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        art = Artifact.create(tmp_path / "art", make_model(), VERSION)
+        art.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
+    finally:
+        os.umask(old)
+    for p in art.path.iterdir():
+        assert p.stat().st_mode & 0o777 == 0o644, p.name
+
+
+def test_a_foreign_directory_with_stage_files_needs_force(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "clusters.safetensors").write_bytes(b"someone else's")
+    with pytest.raises(ArtifactError, match="not a specvocab artifact but holds clusters.safetensors.*--force"):
+        Artifact.create(out, make_model(), VERSION)
+    assert sorted(p.name for p in out.iterdir()) == ["clusters.safetensors"]
+    Artifact.create(out, make_model(), VERSION, force=True).write_stage(
+        Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS, force=True)
