@@ -4,7 +4,6 @@ passing prefix, strict threshold), its greedy limit, and beam drafts against bru
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
