@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+from pathlib import Path
 
 import click
 
+from artifacts import Artifact
 from artifacts.format import Stage
 from prep import stages
 from prep.recipes import load_recipe, recipe_hidden
 from prep.router_loss import LOSSES
-from runtime.cli import clean_errors
+from runtime.cli import clean_errors as runtime_clean_errors
 from runtime.models import DEFAULT_MODEL, resolve_model
+
+
+def clean_errors(command):
+    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return runtime_clean_errors(command)(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted; stages already written are kept: rerun the same command to finish", err=True)
+            raise click.exceptions.Exit(130) from None
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise click.ClickException(f"{e.strerror or e}{where}; free space or choose a writable place, "
+                                       "then rerun the same command") from None
+
+    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,18 +77,23 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
     prep cluster qwen2.5-coder-0.5b-instruct -o art/qwen --clusters 1024 --force
     """
     recipe = load_recipe(model)
-    source = stages.open_for_writing(model, out, [Stage.CLUSTERS, Stage.SCREEN], force)
     cfg = recipe["cluster"]
-    stages.write_clusters(
-        source,
-        clusters or cfg["clusters"],
-        iterations or cfg["iterations"],
-        cfg["top_m_bias"],
-        seed,
-        force,
-    )
-    stages.write_screen(source, parse_group_size(group_size or recipe["screen"]["group_size"]), force)
-    click.echo(f"wrote stages clusters, screen to {source.artifact.path}")
+    clusters = cfg["clusters"] if clusters is None else clusters
+    iterations = cfg["iterations"] if iterations is None else iterations
+    group = parse_group_size(recipe["screen"]["group_size"] if group_size is None else group_size)
+    if clusters < 1 or iterations < 1:
+        raise click.BadParameter("--clusters and --iterations must be at least 1")
+    requested = {Stage.CLUSTERS: stages.cluster_request(clusters, iterations, cfg["top_m_bias"], seed),
+                 Stage.SCREEN: stages.screen_request(group)}
+    with stages.output_artifact(out, force) as path:
+        todo = stages.plan(stages.existing(path), requested, force)
+        if todo:
+            source = stages.open_for_writing(model, path, force)
+        if Stage.CLUSTERS in todo:
+            stages.write_clusters(source, clusters, iterations, cfg["top_m_bias"], seed, force)
+        if Stage.SCREEN in todo:
+            stages.write_screen(source, group, force)
+    click.echo(f"{path}: stages {', '.join(todo) or 'none'} written, {', '.join(sorted(set(requested) - set(todo))) or 'none'} kept")
 
 
 @main.command("all")
@@ -86,25 +112,29 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
     prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
     """
     recipe = load_recipe(model)
-    source = stages.open_for_writing(model, out, [], force)
-    wanted = (Stage.CLUSTERS, Stage.SCREEN, Stage.ROUTER) if with_router else (Stage.CLUSTERS, Stage.SCREEN)
-    todo = [stage for stage in wanted if force or not source.artifact.has_stage(stage)]
-    for stage in set(wanted) - set(todo):
-        click.echo(f"{stage}: already built, kept (pass --force to rebuild)", err=True)
-    if Stage.CLUSTERS in todo:
-        cfg = recipe["cluster"]
-        stages.write_clusters(source, cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0, force)
-    if Stage.SCREEN in todo:
-        stages.write_screen(source, parse_group_size(recipe["screen"]["group_size"]), force)
-    if Stage.ROUTER in todo:
-        from pathlib import Path
+    cfg = recipe["cluster"]
+    group = parse_group_size(recipe["screen"]["group_size"])
+    requested = {Stage.CLUSTERS: stages.cluster_request(cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0),
+                 Stage.SCREEN: stages.screen_request(group)}
+    if with_router:
+        requested[Stage.ROUTER] = {}
+    with stages.output_artifact(out, force) as path:
+        todo = stages.plan(stages.existing(path), requested, force)
+        if not todo:
+            click.echo(f"{path}: stages {', '.join(Artifact.open(path).stages)}")
+            return
+        source = stages.open_for_writing(model, path, force)
+        if Stage.CLUSTERS in todo:
+            stages.write_clusters(source, cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0, force)
+        if Stage.SCREEN in todo:
+            stages.write_screen(source, group, force)
+        if Stage.ROUTER in todo:
+            from prep.router_train import router_from_recipe
 
-        from prep.router_train import router_from_recipe
-
-        traces_dir = traces_dir or str(Path("traces") / Path(out).name)
-        params = router_from_recipe(source.model, source.artifact, recipe["router"], traces_dir, force)
-        click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
-                   f"traces in {traces_dir}", err=True)
+            traces_dir = traces_dir or str(Path("traces") / Path(out).name)
+            params = router_from_recipe(source.model, source.artifact, recipe["router"], traces_dir, force)
+            click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
+                       f"traces in {traces_dir}", err=True)
     click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
 
 
@@ -174,18 +204,18 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     prep train-router art/g270 --traces traces/g270 --loss multilabel --work-dir runs/ml --force
     prep train-router art/g270 --traces traces/g270 --devices 4 --strategy ddp --precision bf16-mixed
     """
-    from pathlib import Path
-
     from prep.router_train import train_router
     from runtime.session import open_session
 
-    session = open_session(artifact)
-    cfg = load_recipe(session.model.info.name)["router"]
-    flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
-             "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
-    params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters or cfg["clusters"],
-                          hidden or recipe_hidden(cfg), width or cfg["width"], max_steps or cfg["max_steps"], batch_size or cfg["batch_size"],
-                          lr, seed, loss=loss or cfg["loss"], trainer_flags=flags, force=force)
+    with stages.adding_stage(artifact, Stage.ROUTER, force):
+        session = open_session(artifact)
+        cfg = load_recipe(session.model.info.name)["router"]
+        flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
+                 "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
+        params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters or cfg["clusters"],
+                              hidden or recipe_hidden(cfg), width or cfg["width"], max_steps or cfg["max_steps"],
+                              batch_size or cfg["batch_size"], lr, seed, loss=loss or cfg["loss"], trainer_flags=flags,
+                              force=force)
     recall = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/recall@")}
     sizes = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/shortlist@")}
     for k in recall:
@@ -209,18 +239,16 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
     prep gp-basis art/g270 --rank 320 --traces traces/g270 --force
     runtime generate art/g270 --method spec --drafter gp:128:act --prompt "def fib(n):"
     """
-    from artifacts import StageExists
     from prep.gp_basis import build_gp_basis, trace_texts
     from runtime.session import open_session
 
-    session = open_session(artifact)
-    if session.artifact.has_stage(Stage.GP) and not force:
-        raise StageExists(session.artifact.path, Stage.GP)
-    body = session.target.body
-    texts = trace_texts(traces_dir, session.model.info.name, max_tokens) if traces_dir else None
-    tensors, params = build_gp_basis(body, rank or body.config.hidden_size, mlp, texts)
-    params["traces"] = traces_dir
-    session.artifact.write_stage(Stage.GP, tensors, params, force=force)
+    with stages.adding_stage(artifact, Stage.GP, force):
+        session = open_session(artifact)
+        body = session.target.body
+        texts = trace_texts(traces_dir, session.model.info.name, max_tokens) if traces_dir else None
+        tensors, params = build_gp_basis(body, rank or body.config.hidden_size, mlp, texts)
+        params["traces"] = traces_dir
+        session.artifact.write_stage(Stage.GP, tensors, params, force=force)
     energy = ", ".join(f"{kind} {group} k={k}: {v:.1%}" for kind, table in params["retained_energy"].items()
                        for group, row in table.items() for k, v in row.items())
     click.echo(f"wrote stage gp to {artifact} (rank <= {params['max_rank']}, {' + '.join(params['kinds'])}); "

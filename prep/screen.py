@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from runtime.heads.screen_bound import round_up_to_float32
+from runtime.numerics import quantize_groups_int8, round_up_to_float32
 
 # Group sizes measured for every model; the kernel handles any multiple of 16 dividing d.
 CANDIDATE_GROUPS = (0, 64, 32)  # 0 = one scale per row
@@ -31,12 +31,11 @@ def quantize_int8(weight: torch.Tensor, group_size: int, progress: bool = False)
     scales = torch.empty(V, d // group, dtype=torch.float32)
     norms = {name: torch.empty(V, dtype=torch.float32) for name in ("error_norms", "qrow_norms", "row_norms")}
     for start in tqdm(range(0, V, _CHUNK), desc=f"int8 screen (group {group})", disable=not progress, unit="chunk"):
-        rows = weight[start : start + _CHUNK].float().view(-1, d // group, group)  # [c, G, g]
-        scale = (rows.abs().amax(dim=2) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # [c, G]
-        q = torch.round(rows / scale[..., None]).clamp(-127, 127)
-        dequant = (q.double() * scale.double()[..., None]).view(-1, d)  # what the kernel multiplies, exactly
-        exact = rows.double().view(-1, d)
-        qweight[start : start + _CHUNK] = q.to(torch.int8).view(-1, d)
+        rows = weight[start : start + _CHUNK].float()  # [c, d]
+        q, scale = quantize_groups_int8(rows, group)  # [c, d], [c, G]
+        dequant = (q.double().view(-1, d // group, group) * scale.double()[..., None]).view(-1, d)  # what the kernel multiplies, exactly
+        exact = rows.double()
+        qweight[start : start + _CHUNK] = q.to(torch.int8)
         scales[start : start + _CHUNK] = scale
         norms["error_norms"][start : start + _CHUNK] = round_up_to_float32((exact - dequant).norm(dim=1))
         norms["qrow_norms"][start : start + _CHUNK] = round_up_to_float32(dequant.norm(dim=1))

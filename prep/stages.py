@@ -1,15 +1,29 @@
-"""Prep stages end to end: load the model once, build each stage, write it into the artifact."""
+"""Prep stages end to end: check the output first, load the model once, build each missing stage.
+
+`output_artifact` is the one helper for an output directory: it refuses an unusable `-o` in one
+line before any work (a file, an unwritable place, a non-artifact folder holding stage files, a
+directory another prep run is writing), and holds the artifact's writer lock for the whole
+command. `plan` makes a rerun of an interrupted command finish what is missing: a stage already
+built with the requested parameters is kept, one built with others needs --force.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from artifacts import Artifact, StageExists
-from artifacts.format import Stage
+from artifacts import Artifact, ArtifactError, ArtifactLocked, StageExists
+from artifacts.atomic import WriterLock, remove_dead_leftovers
+from artifacts.format import MANIFEST_FILE, Stage
+from artifacts.writing import check_output_dir
 from prep.cluster import build_clusters
 from prep.screen import build_screen
 from runtime.models import LoadedModel, load_model
@@ -21,6 +35,79 @@ def created_by() -> str:
         return f"specvocab {version('specvocab')}"
     except PackageNotFoundError:
         return "specvocab (source tree)"
+
+
+@contextmanager
+def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
+    """Check and lock the output directory before any work; an empty directory made here is removed on failure."""
+    path = Path(out)
+    made = not path.exists()
+    try:
+        check_output_dir(path, force)
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(path))
+    except OSError as e:
+        raise ArtifactError(f"cannot write to {path} ({e.strerror or e}); choose a writable -o") from None
+    lock = WriterLock(path)
+    holder = lock.acquire()
+    if holder is not None:
+        raise ArtifactLocked(path, holder)
+    try:
+        remove_dead_leftovers(path)  # a killed run's temporaries: we hold the lock, so they are dead
+        yield path
+    finally:
+        lock.release()
+        if made and not (path / MANIFEST_FILE).exists():
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+
+
+@contextmanager
+def adding_stage(artifact: str | Path, stage: str, force: bool) -> Iterator[Artifact]:
+    """Open an existing artifact to add `stage` to: refuse an existing stage (without --force) or
+    another live writer before any work, and hold the writer lock meanwhile."""
+    art = Artifact.open(artifact)
+    if art.has_stage(stage) and not force:
+        raise StageExists(art.path, stage)
+    with output_artifact(art.path, force):
+        yield art
+
+
+def existing(out: str | Path) -> Artifact | None:
+    """The artifact at `out` if there is one (so a rerun can skip the model load when nothing is missing)."""
+    return Artifact.open(out) if (Path(out) / MANIFEST_FILE).is_file() else None
+
+
+def plan(artifact: Artifact | None, requested: dict[str, dict[str, Any]], force: bool) -> list[str]:
+    """The stages to build: missing ones, or all with --force; a stage built with other parameters is refused."""
+    todo = []
+    for stage, params in requested.items():
+        if artifact is None or force or not artifact.has_stage(stage):
+            todo.append(stage)
+            continue
+        built = artifact.stage_params(stage)
+        differ = {k: (built.get(k), v) for k, v in params.items() if built.get(k) != v}
+        if differ:
+            what = ", ".join(f"{k}={old!r} (asked {new!r})" for k, (old, new) in differ.items())
+            raise ArtifactError(f"artifact {artifact.path} already has a {stage!r} stage built with {what}; "
+                                "pass --force to rebuild it")
+        print(f"{stage}: already built with these parameters, kept (pass --force to rebuild)", file=sys.stderr)
+    return todo
+
+
+def cluster_request(clusters: int, iterations: int, top_m: int, seed: int) -> dict[str, Any]:
+    """The `clusters` params that identify a build (compared with a built stage's on a rerun)."""
+    return {"clusters_requested": clusters, "iterations": iterations, "top_m_bias": top_m, "seed": seed}
+
+
+def screen_request(group_size: int | None) -> dict[str, Any]:
+    """The `screen` params that identify a build: None (auto) accepts whichever layout was measured."""
+    if group_size is None:
+        return {}
+    return {"per_row": True} if group_size == 0 else {"per_row": False, "group_size": group_size}
 
 
 @dataclass
@@ -40,14 +127,10 @@ class HeadSource:
         return None if bias is None else bias.detach().float()
 
 
-def open_for_writing(model_spec: str, out: str, stages: list[str], force: bool) -> HeadSource:
-    """Load the model and create/open the artifact; refuse existing stages before any long work."""
+def open_for_writing(model_spec: str, out: str | Path, force: bool = False) -> HeadSource:
+    """Load the model and create/open the artifact at `out` (call inside output_artifact)."""
     loaded = load_model(model_spec)
-    artifact = Artifact.create(out, loaded.info, created_by())
-    for stage in stages:
-        if artifact.has_stage(stage) and not force:
-            raise StageExists(artifact.path, stage)
-    return HeadSource(loaded, artifact)
+    return HeadSource(loaded, Artifact.create(out, loaded.info, created_by(), force=force))
 
 
 def write_clusters(source: HeadSource, clusters: int, iterations: int, top_m: int, seed: int, force: bool) -> dict:

@@ -15,25 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.numerics import dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
+
 from runtime.heads.opened import Opened, exact_logits
 from runtime.kernels import kernel_name, screen_gemv, screen_select
 
 # Relative slack for the few float32 roundings after the dot products (radius scaling,
 # the +/- of center and radius, division by the temperature, adding noise).
 _SLACK = 2.0**-18
-
-
-def dot_rounding_gamma(d: int) -> float:
-    """Higham's gamma_n for a float32 dot product of length d (n = d + 2 covers the scale multiply)."""
-    nu = (d + 2) * 2.0**-24
-    return nu / (1 - nu)
-
-
-def round_up_to_float32(values: torch.Tensor) -> torch.Tensor:
-    """Float64 values [n] as the smallest float32 values that are >= them."""
-    rounded = values.float()
-    below = rounded.double() < values
-    return torch.where(below, torch.nextafter(rounded, torch.tensor(float("inf"))), rounded)
 
 
 def screen_coefficients(
