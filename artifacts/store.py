@@ -149,7 +149,7 @@ class Artifact:
             staging = Path(tempfile.mkdtemp(prefix=tmp_name(name) + "-", dir=self.path))
             try:
                 files = write_files(staging / "new", name, tensors, extra_files)
-                pause_point("stage-staged")  # files written in the temporary dir, nothing replaced yet
+                pause_point(f"stage-staged:{name}")  # files written in the temporary dir, nothing replaced yet
                 manifest.stages[name] = StageRecord(params=params, created_at=utc_now(), files=files)
                 swap_in(self.path, staging, filenames, old_names, lambda: write_manifest(self.path, manifest))
             finally:

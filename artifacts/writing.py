@@ -94,7 +94,7 @@ def swap_in(
             os.replace(staging / "new" / filename, art / filename)
             placed.append(filename)
         fsync_dir(art)
-        pause_point("stage-placed")  # new files in place, manifest not yet committed
+        pause_point(f"stage-placed:{new_names[0].split('.')[0]}")  # new files in place, manifest not yet committed
         commit()
     except BaseException:
         for filename in placed:

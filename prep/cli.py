@@ -13,6 +13,7 @@ from artifacts.format import Stage
 from prep import stages
 from prep.recipes import load_recipe, recipe_hidden
 from prep.router_loss import LOSSES
+from prep.screen import check_group_size
 from runtime.cli import clean_errors as runtime_clean_errors
 from runtime.models import DEFAULT_MODEL, resolve_model
 
@@ -86,9 +87,11 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
     requested = {Stage.CLUSTERS: stages.cluster_request(clusters, iterations, cfg["top_m_bias"], seed),
                  Stage.SCREEN: stages.screen_request(group)}
     with stages.output_artifact(out, force) as path:
-        todo = stages.plan(stages.existing(path), requested, force)
+        todo = stages.plan(stages.existing(path, model), requested, force)
         if todo:
             source = stages.open_for_writing(model, path, force)
+            if group:
+                check_group_size(group, source.artifact.model.hidden_size)
         if Stage.CLUSTERS in todo:
             stages.write_clusters(source, clusters, iterations, cfg["top_m_bias"], seed, force)
         if Stage.SCREEN in todo:
@@ -119,7 +122,7 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
     if with_router:
         requested[Stage.ROUTER] = {}
     with stages.output_artifact(out, force) as path:
-        todo = stages.plan(stages.existing(path), requested, force)
+        todo = stages.plan(stages.existing(path, model), requested, force)
         if not todo:
             click.echo(f"{path}: stages {', '.join(Artifact.open(path).stages)}")
             return
@@ -208,7 +211,7 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     from runtime.session import open_session
 
     with stages.adding_stage(artifact, Stage.ROUTER, force):
-        session = open_session(artifact)
+        session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
         cfg = load_recipe(session.model.info.name)["router"]
         flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
                  "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
@@ -243,10 +246,10 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
     from runtime.session import open_session
 
     with stages.adding_stage(artifact, Stage.GP, force):
-        session = open_session(artifact)
+        session = open_session(artifact, backend="transformers")  # bases come from the fp32 weights
         body = session.target.body
         texts = trace_texts(traces_dir, session.model.info.name, max_tokens) if traces_dir else None
-        tensors, params = build_gp_basis(body, rank or body.config.hidden_size, mlp, texts)
+        tensors, params = build_gp_basis(body, body.config.hidden_size if rank is None else rank, mlp, texts)
         params["traces"] = traces_dir
         session.artifact.write_stage(Stage.GP, tensors, params, force=force)
     energy = ", ".join(f"{kind} {group} k={k}: {v:.1%}" for kind, table in params["retained_energy"].items()
@@ -270,14 +273,11 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
     prep bake-onedecode art/g270 --traces traces/g270
     prep bake-onedecode art/g270 --traces traces/g270 --v-bake 4096 --top-k 4 --force
     """
-    from artifacts import Artifact, StageExists
     from prep.onedecode import bake
 
-    art = Artifact.open(artifact)
-    if art.has_stage(Stage.ONEDECODE) and not force:
-        raise StageExists(art.path, Stage.ONEDECODE)
-    tensors, params = bake(traces_dir, art.model.name, art.model.vocab_size, v_bake, top_k, min_pair_count)
-    art.write_stage(Stage.ONEDECODE, tensors, params, force=force)
+    with stages.adding_stage(artifact, Stage.ONEDECODE, force) as art:
+        tensors, params = bake(traces_dir, art.model.name, art.model.vocab_size, v_bake, top_k, min_pair_count)
+        art.write_stage(Stage.ONEDECODE, tensors, params, force=force)
     held = params["heldout"]
     click.echo(f"wrote stage onedecode to {artifact}: {params['single_keys']} single + {params['pair_keys']} pair keys; "
                f"held-out hit rate {held['hit_rate']:.1%}, top-1 agreement {held['top1_agreement']:.1%}, "

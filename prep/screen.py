@@ -17,6 +17,12 @@ GROUPED_ERROR_GAIN = 2.0
 _CHUNK = 16384
 
 
+def check_group_size(group: int, d: int) -> None:
+    """Refuse a screening group size the kernel cannot take (before any stage is built)."""
+    if d % group or group % 16:
+        raise ValueError(f"group size {group} must divide the hidden size {d} and be a multiple of 16")
+
+
 def quantize_int8(weight: torch.Tensor, group_size: int, progress: bool = False) -> dict[str, torch.Tensor]:
     """Symmetric int8 quantization of the head rows [V, d]; group_size 0 = one scale per row.
 
@@ -25,8 +31,7 @@ def quantize_int8(weight: torch.Tensor, group_size: int, progress: bool = False)
     """
     V, d = weight.shape
     group = group_size or d
-    if d % group or group % 16:
-        raise ValueError(f"group size {group} must divide the hidden size {d} and be a multiple of 16")
+    check_group_size(group, d)
     qweight = torch.empty(V, d, dtype=torch.int8)
     scales = torch.empty(V, d // group, dtype=torch.float32)
     norms = {name: torch.empty(V, dtype=torch.float32) for name in ("error_norms", "qrow_norms", "row_norms")}

@@ -76,9 +76,14 @@ def adding_stage(artifact: str | Path, stage: str, force: bool) -> Iterator[Arti
         yield art
 
 
-def existing(out: str | Path) -> Artifact | None:
-    """The artifact at `out` if there is one (so a rerun can skip the model load when nothing is missing)."""
-    return Artifact.open(out) if (Path(out) / MANIFEST_FILE).is_file() else None
+def existing(out: str | Path, model_spec: str) -> Artifact | None:
+    """The artifact at `out` if there is one, checked against the model's fingerprint without loading its
+    weights (so a rerun with nothing missing skips the model load, and another model is still refused)."""
+    if not (Path(out) / MANIFEST_FILE).is_file():
+        return None
+    artifact = Artifact.open(out)
+    artifact.check_model(load_model(model_spec, weights=False).info)
+    return artifact
 
 
 def plan(artifact: Artifact | None, requested: dict[str, dict[str, Any]], force: bool) -> list[str]:

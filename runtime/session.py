@@ -8,7 +8,7 @@ from pathlib import Path
 from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound
-from runtime.models import LoadedModel, load_model
+from runtime.models import LoadedModel, ModelError, load_model
 from runtime.backend import make_target
 from runtime.target import TorchTarget, eos_ids
 
@@ -66,7 +66,13 @@ def open_session(
     backend: auto (the lean forward where supported), lean or transformers (runtime.backend).
     """
     artifact = Artifact.open(artifact_path)
-    loaded = load_model(model or model_spec_of(artifact), progress=progress)
+    try:
+        loaded = load_model(model or model_spec_of(artifact), progress=progress)
+    except ModelError as e:
+        if model is not None:
+            raise
+        raise ModelError(f"{e} (the artifact was built for {artifact.model.name}, from {artifact.model.source}); "
+                         "pass --model with a local copy of that model") from None
     artifact.check_model(loaded.info)
     target = make_target(loaded.model, eos_ids(loaded.model, loaded.tokenizer), backend)
     return Session(artifact, loaded, target)

@@ -1,0 +1,68 @@
+"""The bad-input suite's fixtures: tiny random models, a built tiny artifact, and checks every case shares.
+
+Every case asserts the exit code, no traceback, one line of error that names the fix, and that
+nothing was damaged: the artifact's bytes and the (private) model cache are compared before and after.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bad_helpers import TINY_CLUSTERS
+from prep.cli import main as prep_main
+
+
+def save_tiny_model(path: Path, seed: int) -> Path:
+    """A random 2-layer Llama (vocab 256, hidden 64) and a word-level tokenizer, as an HF directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                         bos_token_id=2, eos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(path)
+    vocab = {"<unk>": 0, "</s>": 1, "<s>": 2, **{f"w{i}": i for i in range(3, 256)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>", bos_token="<s>").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("bad-tiny") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_model(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("bad-other") / "other", seed=1)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A model cache of the case's own: compared before and after, and never the user's."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(root))
+    return root
+
+
+@pytest.fixture(scope="session")
+def built_artifact(tiny_model: Path, tmp_path_factory) -> Path:
+    """A tiny artifact with stages clusters and screen, built once by `prep cluster`."""
+    out = tmp_path_factory.mktemp("bad-art") / "art"
+    result = CliRunner().invoke(prep_main, ["cluster", str(tiny_model), "-o", str(out), *TINY_CLUSTERS])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def art(built_artifact: Path, tmp_path: Path) -> Path:
+    """A private copy of the built artifact, to damage."""
+    return Path(shutil.copytree(built_artifact, tmp_path / "art"))
