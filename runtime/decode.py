@@ -8,11 +8,10 @@ from typing import Callable
 
 import torch
 
-from runtime.heads.sampling import SamplingParams
+from runtime.sampling import SamplingParams, select_allowed
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
 from runtime.target import TargetModel
-from runtime.verify import select_allowed
 
 
 def generate_ar(
@@ -23,7 +22,6 @@ def generate_ar(
     params: SamplingParams = SamplingParams(),
     generator: torch.Generator | None = None,
     on_token: Callable[[int], None] | None = None,
-    stop_at_eos: bool = True,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
 ) -> tuple[list[int], DecodeStats]:
@@ -50,7 +48,7 @@ def generate_ar(
         tokens.append(token)
         if on_token is not None:
             on_token(token)
-        if (stop_at_eos and token in target.eos_token_ids) or step == max_new_tokens - 1:
+        if token in target.eos_token_ids or step == max_new_tokens - 1:
             break
         if stop is not None and stop.hit(tokens):
             break

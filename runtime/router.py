@@ -21,7 +21,7 @@ from torch import nn
 
 ONNX_FILE = "router.onnx"
 PREFIX = "router."
-BACKENDS = ("onnx", "torch")
+ENGINES = ("onnx", "torch")  # what runs the router (not a model backend)
 
 
 class Router(nn.Module):
@@ -73,15 +73,15 @@ def export_onnx(router: Router, path: str) -> None:
 class RouterRunner:
     """Cluster scores from the `router` stage, through ONNX Runtime ("onnx") or torch ("torch")."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], onnx_path: str | None, backend: str = "onnx", threads: int = 1):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown router backend {backend!r}; use {' or '.join(BACKENDS)}")
-        self.backend = backend
+    def __init__(self, tensors: dict[str, torch.Tensor], onnx_path: str | None, engine: str = "onnx", threads: int = 1):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown router engine {engine!r}; use router={' or router='.join(ENGINES)}")
+        self.engine = engine
         self.module = Router.from_state(tensors)
         self.session = None
-        if backend == "onnx":
+        if engine == "onnx":
             if onnx_path is None:
-                raise ValueError("the onnx router backend needs router.onnx; rerun prep train-router")
+                raise ValueError("the onnx router engine needs router.onnx; rerun prep train-router")
             import onnxruntime
 
             options = onnxruntime.SessionOptions()

@@ -9,129 +9,19 @@ Both hold with the EOS min-response guard on (min_new_tokens), which bans EOS on
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
 from runtime.drafters.base import Drafter, Proposal
-from runtime.heads.sampling import SamplingParams
-from runtime.stats import DecodeStats
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
+from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.target import TargetModel
-from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, select_allowed, verify_exact, verify_greedy, warp
+from runtime.verify import Verdict, verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
-
-
-@dataclass
-class SpecStats:
-    """What drafting and verification did over one generation."""
-
-    rounds: int = 0  # target forwards after the prefill, drafted or not
-    drafts: int = 0  # rounds that drafted at least one token
-    drafted: int = 0
-    accepted: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)  # [i]: rounds with a draft at position i
-    accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds that accepted position i
-    seconds_draft: float = 0.0  # drafter: propose + observe
-    seconds_verify: float = 0.0  # target forward over the drafts + head + verifier
-
-    def record(self, verdict: Verdict) -> None:
-        """Count one round's drafts and acceptances."""
-        self.rounds += 1
-        if verdict.drafted == 0:
-            return
-        self.drafts += 1
-        self.drafted += verdict.drafted
-        self.accepted += verdict.accepted
-        grow = verdict.drafted - len(self.drafted_per_position)
-        if grow > 0:
-            self.drafted_per_position.extend([0] * grow)
-            self.accepted_per_position.extend([0] * grow)
-        for i in range(verdict.drafted):
-            self.drafted_per_position[i] += 1
-            self.accepted_per_position[i] += int(i < verdict.accepted)
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens appended per drafting round: 1 + accepted / drafts (vLLM's convention)."""
-        return 1 + self.accepted / self.drafts if self.drafts else 1.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def acceptance_per_position(self) -> list[float]:
-        """Fraction of drafts at each position that were accepted."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
-
-    @property
-    def gamma_mean(self) -> float:
-        """Tokens drafted per round, rounds without a draft included."""
-        return self.drafted / self.rounds if self.rounds else 0.0
-
-    @property
-    def seconds_draft_per_token(self) -> float:
-        """T_D: drafter seconds per drafted token (a round's drafting costs gamma T_D)."""
-        return self.seconds_draft / self.drafted if self.drafted else 0.0
-
-    @property
-    def seconds_verify_per_round(self) -> float:
-        """T_V(gamma + 1): one target forward over the drafts plus the head and the verifier."""
-        return self.seconds_verify / self.rounds if self.rounds else 0.0
-
-    @property
-    def predicted_tokens_per_s(self) -> float:
-        """Seed 002's closed form (1 - a^(g+1)) / ((1 - a)(g T_D + T_V)) from this run's own
-        acceptance rate a, mean draft length g, drafter and verifier seconds.
-
-        The numerator is the expected tokens per round if each draft passed independently with
-        probability a; the measured mean accepted length shows how far that assumption holds.
-        """
-        if not self.rounds:
-            return 0.0
-        alpha, gamma = self.acceptance_rate, self.gamma_mean
-        expected = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        return expected * self.rounds / (self.seconds_draft + self.seconds_verify)
-
-    @classmethod
-    def combined(cls, runs: list["SpecStats"]) -> "SpecStats":
-        """The counters and seconds of several runs added up (bench: all prompts of a method)."""
-        total = cls()
-        for run in runs:
-            for name in ("rounds", "drafts", "drafted", "accepted", "seconds_draft", "seconds_verify"):
-                setattr(total, name, getattr(total, name) + getattr(run, name))
-            for mine, theirs in ((total.drafted_per_position, run.drafted_per_position),
-                                 (total.accepted_per_position, run.accepted_per_position)):
-                mine.extend([0] * (len(theirs) - len(mine)))
-                for i, count in enumerate(theirs):
-                    mine[i] += count
-        return total
-
-    def summary(self) -> dict:
-        return {
-            "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate": self.acceptance_rate,
-            "acceptance_per_position": self.acceptance_per_position,
-            "gamma_mean": self.gamma_mean,
-            "seconds_draft_per_token": self.seconds_draft_per_token,
-            "seconds_verify_per_round": self.seconds_verify_per_round,
-            "predicted_tokens_per_s": self.predicted_tokens_per_s,
-        }
-
-
-@dataclass
-class SpecDecodeStats(DecodeStats):
-    """DecodeStats plus the speculative counters."""
-
-    spec: SpecStats = field(default_factory=SpecStats)
-
-    def to_json(self) -> dict:
-        data = super().to_json()
-        data["spec"] = {**data["spec"], **self.spec.summary()}
-        return data
 
 
 def verify_round(
@@ -192,7 +82,7 @@ def generate_speculative(
     on_token: Callable[[int], None] | None = None,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
-) -> tuple[list[int], SpecDecodeStats]:
+) -> tuple[list[int], DecodeStats]:
     """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward.
 
     prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats. The
@@ -206,7 +96,7 @@ def generate_speculative(
         raise ValueError("the prompt is empty: give at least one token")
     if not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
-    stats = SpecDecodeStats(prompt_tokens=prompt.numel())
+    stats = DecodeStats(prompt_tokens=prompt.numel(), spec=SpecStats())
     head_before = replace(head.stats)
     started = time.perf_counter()
     cache = target.new_cache()

@@ -11,13 +11,10 @@ distribution after the context plus drafts[:i], so row k scores the bonus positi
 
 Exactness (Leviathan et al. 2023, Chen et al. 2023): accepting x with probability
 min(1, p(x) / q(x)) and otherwise sampling from norm(max(0, p - q)) yields exactly p. Warping
-(temperature, top-k, top-p) is part of p and q, so `warp` must be applied to both the same way.
+(temperature, top-k, top-p) is part of p and q, so `runtime.sampling.warp` must be applied to both the same way.
 
-EOS-aware min-response guard (seed 002): instruct models' greedy choice right after the user turn
-is often EOS, and a greedy drafter then ends the answer at once. A `TokenBan` sets the banned ids'
-logits to -inf for the first response positions, on the target's side (`select_allowed`,
-`mask_banned`) and the drafter's alike, so p and q are the guarded distributions and the loops stay
-exact with respect to them: greedy speculative output equals greedy generate_ar with the same guard.
+Sampling (warping, Gumbel noise, the EOS guard's bans) lives in runtime/sampling.py; this module keeps
+the verifiers only.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.heads.sampling import SamplingParams, allowed_mask, gumbel_noise, sample_full
+from runtime.sampling import sample_from
 
 
 @dataclass(frozen=True)
@@ -90,97 +87,3 @@ def _residual(p: torch.Tensor, q: torch.Tensor | None, drafted: int) -> torch.Te
     # A rejection implies p(x) < q(x), hence positive residual mass; rounding can still cancel it
     # when p and q agree to the last bit, and then p itself is the right distribution.
     return residual if float(residual.sum()) > 0 else p
-
-
-def sample_from(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One index drawn in proportion to nonnegative weights [V], by inverting the float64 CDF.
-
-    torch.multinomial is ~25x slower on a 262k vocabulary (12 ms against 0.5 ms on this CPU).
-    """
-    cdf = weights.double().cumsum(0)  # [V]
-    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
-    # right=True picks the first index whose CDF exceeds u, so zero-weight tokens (flat steps) never
-    # win; the clamp covers u * total rounding up to total itself.
-    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1))
-
-
-def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities [n, V] that the heads' sampler draws from, for logits [n, V].
-
-    Temperature, then top-k, then top-p, with the same tie and boundary rules as
-    runtime.heads.sampling; greedy parameters give a point mass on the argmax.
-    """
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
-    scaled = logits / params.temperature
-    if params.top_k or params.top_p < 1.0:
-        keep = torch.stack([allowed_mask(row, params) for row in scaled])  # [n, V]
-        scaled = scaled.masked_fill(~keep, float("-inf"))
-    return torch.softmax(scaled, dim=-1)
-
-
-# --- EOS guard ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TokenBan:
-    """Token ids excluded from every context position before `until` (an absolute context length)."""
-
-    ids: frozenset[int] = frozenset()
-    until: int = 0
-
-    @classmethod
-    def min_response(cls, eos_ids, prompt_length: int, min_new_tokens: int) -> "TokenBan":
-        """No EOS among the first `min_new_tokens` tokens after a prompt of `prompt_length` tokens."""
-        return cls(frozenset(eos_ids), prompt_length + max(min_new_tokens, 0))
-
-    def rows(self, start: int, n: int) -> int:
-        """How many of the n positions start, start + 1, ... are guarded (always a leading run)."""
-        return max(0, min(self.until - start, n)) if self.ids else 0
-
-
-NO_BAN = TokenBan()
-
-
-def mask_banned(logits: torch.Tensor, banned, rows: int) -> torch.Tensor:
-    """logits [n, V] with the `banned` ids at -inf on the first `rows` rows (a copy when it changes)."""
-    if not banned or rows <= 0:
-        return logits
-    masked = logits.clone()
-    masked[:rows, sorted(banned)] = float("-inf")
-    return masked
-
-
-def select_allowed(
-    head, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, banned, rows: int | None = None
-) -> torch.Tensor:
-    """head.select [B] for hidden [B, d] as if the `banned` ids' logits were -inf on the first `rows` rows.
-
-    rows None: every row. The head decides first; when its token is not banned it is also the
-    choice without the banned ids (greedy: the argmax; temperature: the Gumbel-max winner under the
-    same noise). Otherwise, and always under top-k / top-p / epsilon, whose allowed set moves when
-    a token is banned, the guarded rows are decided again on masked full logits with the same
-    noise, redrawn from the generator state the head started from. The generator ends where the
-    head left it.
-    """
-    rows = hidden.shape[0] if rows is None else min(rows, hidden.shape[0])
-    if not banned or rows <= 0:
-        return head.select(hidden, params, generator)
-    source = generator if generator is not None else torch.default_generator
-    state = None if params.greedy else source.get_state()
-    tokens = head.select(hidden, params, generator)  # [B]
-    argmax_rule = params.greedy or not (params.top_k or params.top_p < 1.0 or params.epsilon is not None)
-    redo = [r for r in range(rows) if not argmax_rule or int(tokens[r]) in banned]
-    if not redo:
-        return tokens
-    noise = None
-    if state is not None:
-        after = source.get_state()
-        source.set_state(state)
-        noise = gumbel_noise(hidden.shape[0], head.vocab_size, generator)  # [B, V], as the head drew it
-        source.set_state(after)
-    logits = mask_banned(head.logits(hidden[redo]), banned, len(redo))  # [len(redo), V]
-    for i, r in enumerate(redo):
-        tokens[r] = sample_full(logits[i], params, None if noise is None else noise[r])
-    head.stats.recomputed_tokens += len(redo) * head.vocab_size
-    return tokens

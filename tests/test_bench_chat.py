@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from runtime.bench.methods import Method
+from runtime.method_builders import Method
 from runtime.bench.runner import run_bench
-from runtime.heads import SamplingParams
+from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats
 
 

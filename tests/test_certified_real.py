@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from artifacts import Stage
 from runtime.data import humaneval_prompts, sharegpt_prompts
 from runtime.decode import generate_ar
-from runtime.heads import ClusterBound, SamplingParams, ScreenBound
+from runtime.heads import ClusterBound, ScreenBound
+from runtime.sampling import SamplingParams
 from runtime.prompting import encode_prompt
 
 pytestmark = pytest.mark.real_model

@@ -18,17 +18,16 @@ from prep.recipes import DEFAULTS
 from prep.router_loss import positive_clusters, router_loss
 from prep.traces import INDEX_FILE, split_of
 from runtime.cli import main as runtime_main
-from runtime.bench.methods import build_method
+from runtime.method_builders import build_method
 from runtime.decode import generate_ar
 from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage
-from runtime.drafters.layers import truncated_decoder
 from runtime.heads import FullHead
-from runtime.heads.sampling import SamplingParams
+from runtime.sampling import SamplingParams, warp
 from runtime.heads.shortlist import ShortlistHead
 from runtime.router import Router, RouterRunner, position_budget
 from runtime.session import open_session
 from runtime.speculative import generate_speculative
-from runtime.verify import verify_exact, warp
+from runtime.verify import verify_exact
 
 TEXTS = 80
 
@@ -102,10 +101,9 @@ def test_traces_index_splits_and_drafter_hidden(built, tiny_model_dir):
     first = shard["doc"] == shard["doc"][0]
     ids = shard["input_ids"][first].long()
     # The stored layers:1 hidden state is what the layer-truncated drafter computes.
-    drafter = truncated_decoder(session.target.body, 1)
-    with torch.inference_mode():
-        expected = drafter(input_ids=ids[None]).last_hidden_state[0]
-        full = session.target.body(input_ids=ids[None]).last_hidden_state[0]
+    drafter = session.target.truncated(1)
+    expected = drafter.forward(ids, drafter.new_cache())
+    full = session.target.forward(ids, session.target.new_cache())
     assert torch.allclose(shard["hidden_layers_1"][first].float(), expected, atol=1e-2, rtol=1e-2)
     assert torch.equal(shard["top1"][first].long(), torch.nn.functional.linear(full, session.target.head_weight).argmax(1))
     assert torch.equal(shard["next_token"][first][:-1], shard["input_ids"][first][1:])
@@ -133,7 +131,7 @@ def test_router_stage_and_onnx_torch_parity(built):
     gen = torch.Generator().manual_seed(0)
     emb, hid = torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen) * 150
     assert (onnx.scores(emb, hid) - torch_runner.scores(emb, hid)).abs().max() <= 1e-4
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(ValueError, match="engine"):
         RouterRunner(stage.tensors, stage.onnx_path, "tensorrt")
 
 

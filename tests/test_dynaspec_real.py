@@ -11,9 +11,9 @@ from artifacts import Artifact
 from prep.router_train import train_router
 from prep.stages import created_by
 from prep.traces import build_traces
-from runtime.bench.methods import build_method
+from runtime.method_builders import build_method
 from runtime.decode import generate_ar
-from runtime.heads.sampling import SamplingParams
+from runtime.sampling import SamplingParams
 from runtime.session import Session
 
 pytestmark = pytest.mark.real_model

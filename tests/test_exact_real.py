@@ -11,11 +11,12 @@ import torch
 
 from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter
-from runtime.heads import CertifiedHead, SamplingParams
+from runtime.heads import CertifiedHead
 from runtime.prompting import encode_prompt
 from runtime.speculative import generate_speculative
 from runtime.stopping import StopStrings
-from runtime.verify import verify_exact, warp
+from runtime.sampling import SamplingParams, warp
+from runtime.verify import verify_exact
 
 pytestmark = pytest.mark.real_model
 

@@ -15,17 +15,17 @@ from click.testing import CliRunner
 from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.gp_basis import build_gp_basis
-from runtime.bench.methods import build_method
+from runtime.method_builders import build_method
 from runtime.cli import main as runtime_main
 from runtime.decode import generate_ar
 from runtime.drafters import build_drafter
-from runtime.drafters.gp import GPDrafter, GPStage, compressed_backend
+from runtime.drafters.gp import GPDrafter, GPStage, low_rank_copy
 from runtime.heads import FullHead
-from runtime.heads.sampling import SamplingParams
-from runtime.lean import LeanTarget
+from runtime.sampling import SamplingParams
+from runtime.backends.decoder import Projection
 from runtime.session import open_session
 from runtime.speculative import generate_speculative
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 
 PROMPT = "hi w5 w9 w5 w9 w5"
 
@@ -72,27 +72,33 @@ def test_bases_are_orthonormal_and_ordered(built, kind):
         assert (energy[1:] <= energy[:-1] * (1 + 1e-5) + 1e-6).all(), (layer, group)
 
 
-@pytest.mark.parametrize("backend", ["lean", "transformers"])
-def test_full_rank_reproduces_the_target(built, backend):
+def test_full_rank_reproduces_the_target(built):
     """Weights bases of full rank (every direction the weights see) leave the model's output unchanged."""
     session, _ = built
-    target = session.target if backend == "lean" else TorchTarget(session.target.model, session.target.eos_token_ids)
-    assert isinstance(target, LeanTarget) == (backend == "lean")
+    target = session.target
+    assert target.name == "lean"
     stage = GPStage.load(session.artifact)
     ids = torch.tensor([3, 17, 42, 99, 5, 200, 7])
     expected = target.forward(ids, target.new_cache())
-    full, low = (compressed_backend(target, stage.bases(rank, "weights")) for rank in (64, 8))
+    full, low = (low_rank_copy(target, stage.bases(rank, "weights")) for rank in (64, 8))
     assert type(full) is type(target)
     assert torch.allclose(full.forward(ids, full.new_cache()), expected, atol=1e-4)
     assert not torch.allclose(low.forward(ids, low.new_cache()), expected, atol=1e-2)
-    assert target.body.layers[0].self_attn.q_proj.__class__ is torch.nn.Linear  # the target is left as it was
+    assert isinstance(target.layers[0].qkv, Projection)  # the target is left as it was
+
+
+def test_gp_drafter_needs_the_ladder(built):
+    """GP compresses the ladder's projections: the transformers backend is refused with the fix."""
+    session, _ = built
+    target = TransformersTarget(session.model.model, session.target.eos_token_ids)
+    with pytest.raises(ValueError, match="--backend auto, lean or native"):
+        build_drafter("gp:8", target, session.full_head(), artifact=session.artifact)
 
 
 @pytest.mark.parametrize("spec", ["gp:8", "gp:16:act", "gp:48"])
-@pytest.mark.parametrize("backend", ["lean", "transformers"])
-def test_speculative_with_gp_equals_plain_greedy(built, spec, backend):
+def test_speculative_with_gp_equals_plain_greedy(built, spec):
     session, _ = built
-    target = session.target if backend == "lean" else TorchTarget(session.target.model, session.target.eos_token_ids)
+    target = session.target
     head = session.full_head()
     drafter = build_drafter(spec, target, session.full_head(), artifact=session.artifact)
     for prompt in ([3, 17, 42, 99, 5], [9, 9, 250, 4]):

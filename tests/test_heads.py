@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from conftest import TinyHead, make_tiny_head, random_hidden
 from prep.cluster import build_clusters
 from prep.screen import quantize_int8
-from runtime.heads import CertifiedHead, ClusterBound, FullHead, SamplingParams, ScreenBound
+from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound
+from runtime.sampling import SamplingParams
 from runtime.heads.screen_bound import _SLACK
 from runtime.kernels import _screen_gemv_torch, screen_gemv, screen_select
 

@@ -9,7 +9,7 @@ from runtime.decode import generate_ar
 from runtime.drafters import build_drafter
 from runtime.drafters.int8 import Int8Drafter, Int8Projection, int8_copy
 from runtime.heads import FullHead
-from runtime.heads.sampling import SamplingParams
+from runtime.sampling import SamplingParams
 from runtime.lean import LeanTarget, Projection
 from runtime.speculative import generate_speculative
 from runtime.target import TorchTarget
@@ -48,7 +48,7 @@ def test_int8_copy_shares_everything_but_the_projections() -> None:
 def test_int8_drafter_needs_the_lean_backend() -> None:
     model = tiny_qwen2()
     target = TorchTarget(model, set())
-    with pytest.raises(ValueError, match="lean backend"):
+    with pytest.raises(ValueError, match="lean or native backend"):
         Int8Drafter(target, FullHead(target.head_weight))
 
 

@@ -10,7 +10,7 @@ from runtime.backend import backend_name, make_target
 from runtime.decode import generate_ar
 from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
-from runtime.heads.sampling import SamplingParams
+from runtime.sampling import SamplingParams
 from runtime.kernels import SKINNY_MAX_ROWS, kernel_name, linear
 from runtime.lean import LeanTarget, UnsupportedModel
 from runtime.speculative import generate_speculative

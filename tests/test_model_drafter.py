@@ -16,11 +16,12 @@ import torch
 from runtime.decode import generate_ar
 from runtime.drafters import ModelDrafter, build_drafter
 from runtime.drafters.model import head_in_target_space
-from runtime.heads import FullHead, SamplingParams
+from runtime.heads import FullHead
 from runtime.models import load_model
 from runtime.speculative import generate_speculative
 from runtime.target import TorchTarget
-from runtime.verify import TokenBan, Verdict
+from runtime.sampling import SamplingParams, TokenBan
+from runtime.verify import Verdict
 
 NEW_TOKENS = 24
 PROMPTS = [[5, 6, 7, 8] * 5, list(range(10, 30)), [3], [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5]]
@@ -66,11 +67,10 @@ def test_rollback_keeps_the_drafter_cache_consistent(pair):
     assert 0 < stats.spec.accepted < stats.spec.drafted, "the run must include partial acceptances"
     context = prompt + tokens
     assert drafter.cached == context[: len(drafter.cached)]
-    assert len(drafter.cache) == drafter.cache.inner.get_seq_length() == len(drafter.cached)
+    assert len(drafter.cache) == len(drafter.cached)
     drafter.propose(context, 1)  # brings its cache to exactly the context
     incremental = drafter.feed([7])[-1]
-    with torch.inference_mode():
-        fresh = drafter.body(input_ids=torch.tensor([context + [7]])).last_hidden_state[0, -1]
+    fresh = drafter.backend.forward(torch.tensor(context + [7]), drafter.backend.new_cache())[-1]
     assert torch.allclose(incremental, fresh, atol=1e-4)
 
 
@@ -100,9 +100,9 @@ def test_heads_of_another_size_are_cut_or_padded():
     model = LlamaForCausalLM(config)
     hidden = torch.randn(3, 32)
     weight = model.lm_head.weight.detach()
-    cut = head_in_target_space(model, 256)
+    cut = head_in_target_space(weight, None, 256)
     assert cut.vocab_size == 256 and torch.allclose(cut.logits(hidden), hidden @ weight[:256].T, atol=1e-6)
-    padded = head_in_target_space(model, 320)
+    padded = head_in_target_space(weight, None, 320)
     logits = padded.logits(hidden)  # [3, 320]
     assert torch.allclose(logits[:, :300], hidden @ weight.T, atol=1e-6)
     assert bool((logits[:, 300:] == float("-inf")).all())

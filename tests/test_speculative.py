@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from prep.screen import build_screen
-from runtime.bench.methods import _spec_options
 from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter, Proposal
-from runtime.drafters.layers import truncated_decoder
-from runtime.heads import CertifiedHead, FullHead, SamplingParams, ScreenBound
+from runtime.methods import DrafterSpec, parse_method
+from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.speculative import drop_banned, generate_speculative, next_gamma
 from runtime.target import TorchTarget
-from runtime.verify import NO_BAN, TokenBan, Verdict, mask_banned, sample_from, warp
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, warp
+from runtime.verify import Verdict
 
 NEW_TOKENS = 24
 PROMPTS = {
@@ -249,8 +249,7 @@ def test_rollback_keeps_caches_consistent(target, drafter, params):
         assert len(draft.cache) == draft.cache.inner.get_seq_length() == len(draft.cached)
         draft.propose(context, 1)  # brings its cache to exactly the context
         incremental = draft.feed([7])[-1]
-        with torch.inference_mode():
-            fresh = draft.body(input_ids=torch.tensor([context + [7]])).last_hidden_state[0, -1]
+        fresh = draft.backend.forward(torch.tensor(context + [7]), draft.backend.new_cache())[-1]
         assert torch.allclose(incremental, fresh, atol=1e-4)
 
 
@@ -268,13 +267,13 @@ def test_sampled_generation_is_reproducible(target):
 
 
 def test_layer_drafter_shares_weights_and_leaves_the_target_intact(target):
-    body = truncated_decoder(target.body, 1)
+    body = target.truncated(1).body
     assert len(body.layers) == 1 and body.config.num_hidden_layers == 1
     assert len(target.body.layers) == 2 and target.body.config.num_hidden_layers == 2
     assert body.layers[0].mlp.up_proj.weight.data_ptr() == target.body.layers[0].mlp.up_proj.weight.data_ptr()
     assert body.norm is target.body.norm and body.embed_tokens is target.body.embed_tokens
     with pytest.raises(ValueError, match="layers:N"):
-        truncated_decoder(target.body, 2)
+        target.truncated(2)
 
 
 def test_ngram_drafter_prefers_the_longest_most_recent_match():
@@ -289,16 +288,18 @@ def test_ngram_drafter_prefers_the_longest_most_recent_match():
 
 
 @pytest.mark.parametrize(
-    "args, parsed",
+    "name, drafter, gamma, adaptive, head",
     [
-        (["ngram"], (["ngram"], 4, False, False)),
-        (["ngram+csv"], (["ngram"], 4, False, True)),
-        (["layers", "2+csv"], (["layers", "2"], 4, False, True)),
-        (["layers", "2", "gamma=6", "adaptive+csv"], (["layers", "2"], 6, True, True)),
+        ("spec:ngram", ("ngram", ()), 4, False, "full"),
+        ("spec:ngram+csv", ("ngram", ()), 4, False, "csv:screen"),
+        ("spec:layers:2+csv", ("layers", ("2",)), 4, False, "csv:screen"),
+        ("spec:layers:2:gamma=6:adaptive+csv", ("layers", ("2",)), 6, True, "csv:screen"),
+        ("spec:ngram:3+csv:cluster", ("ngram", ("3",)), 4, False, "csv:cluster"),
     ],
 )
-def test_bench_spec_arguments(args, parsed):
-    assert _spec_options(args) == parsed
+def test_bench_spec_arguments(name, drafter, gamma, adaptive, head):
+    spec = parse_method(name)
+    assert (spec.drafter, spec.gamma, spec.adaptive, spec.head) == (DrafterSpec(*drafter), gamma, adaptive, head)
 
 
 def test_adaptive_gamma_steps_and_bounds():

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.bench.verify_cost import best_gamma, expected_tokens, verify_cost
+from runtime.bench.verify_cost import best_gamma, verify_cost
 from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
-from runtime.speculative import SpecStats, generate_speculative
+from runtime.speculative import generate_speculative
+from runtime.stats import SpecStats, expected_tokens
 from runtime.target import TorchTarget
 from runtime.verify import Verdict
 

@@ -39,17 +39,25 @@ def markdown_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write into a temporary sibling, fsync, then rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json(record: dict, path: Path) -> None:
+    """Write a JSON record atomically."""
+    _atomic_write(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
 def write_reports(record: dict, json_path: Path) -> tuple[Path, Path, Path]:
     """Write JSON at json_path, and .md / .png beside it (same stem)."""
     md_path, png_path = json_path.with_suffix(".md"), json_path.with_suffix(".png")
-    _atomic_write(json_path, (json.dumps(record, indent=2) + "\n").encode())
+    write_json(record, json_path)
     _atomic_write(md_path, (_markdown_document(record) + "\n").encode())
     plot(record, png_path)
     return json_path, md_path, png_path

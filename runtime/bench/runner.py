@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from runtime.bench.methods import Method
-from runtime.heads.sampling import SamplingParams
-from runtime.speculative import SpecStats
-from runtime.stats import DecodeStats, HeadStats
+from runtime.method_builders import Method
+from runtime.sampling import SamplingParams
+from runtime.stats import DecodeStats, HeadStats, SpecStats
 
 REFERENCE = "ar"
 
@@ -22,6 +21,7 @@ class MethodResult:
     """Everything one method produced over all prompts."""
 
     name: str
+    distribution_preserving: bool = True
     outputs: list[list[int]] = field(default_factory=list)
     runs: list[DecodeStats] = field(default_factory=list)
 
@@ -54,7 +54,7 @@ def run_bench(
     """
     for method in methods:
         method.decode(prompts[0], warmup_tokens, params, torch.Generator().manual_seed(seed), min_new_tokens)
-    results = {m.name: MethodResult(m.name) for m in methods}
+    results = {m.name: MethodResult(m.name, m.distribution_preserving) for m in methods}
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
     for index, prompt in enumerate(prompts):
         shift = index % len(methods)
@@ -80,7 +80,9 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
             "method": result.name,
             "tokens_per_s": result.tokens_per_s,
             "speedup_vs_ar": result.tokens_per_s / reference.tokens_per_s if reference and reference.tokens_per_s else None,
-            "identical_to_greedy": _identical_fraction(result, reference) if params.greedy else None,
+            # Methods that do not preserve the target's distribution make no identity claim.
+            "distribution_preserving": result.distribution_preserving,
+            "identical_to_greedy": _identical_fraction(result, reference) if params.greedy and result.distribution_preserving else None,
             "identical_to_ar": _identical_fraction(result, reference),
             "new_tokens": sum(run.new_tokens for run in result.runs),
             "certification_rate": head.certification_rate if certifies else None,
@@ -97,9 +99,9 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
 
 
 def _speculative_fields(result: MethodResult) -> dict:
-    """mean_accepted_length, acceptance_rate and seed 002's predicted tokens/s over all prompts,
+    """mean_accepted_length, acceptance_rate and the GP paper's predicted tokens/s over all prompts,
     for methods that draft."""
-    specs = [run.spec for run in result.runs if hasattr(run, "spec")]
+    specs = [run.spec for run in result.runs if run.spec is not None]
     if not specs:
         return {}
     total = SpecStats.combined(specs)
@@ -112,7 +114,7 @@ def _speculative_fields(result: MethodResult) -> dict:
 
 def _shortlist_fraction(result: MethodResult) -> float | None:
     """Mean drafter shortlist size over V (shortlisted drafters only: dynaspec, frspec)."""
-    heads = [run.shortlist for run in result.runs if hasattr(run, "shortlist")]
+    heads = [run.shortlist for run in result.runs if run.shortlist is not None]
     if not heads:
         return None
     total = HeadStats()

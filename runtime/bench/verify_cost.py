@@ -3,20 +3,19 @@ greedy verifier needs (head.select on the n rows), relative to n = 1.
 
 Speculative decoding pays T_V(gamma + 1) per round for up to gamma + 1 tokens, so the growth of
 T_V(n) / T_V(1) with n decides whether drafting can pay at all and which gamma to pick
-(`best_gamma`, seed 002's closed form with a free drafter).
+(`best_gamma`, the GP paper's closed form with a free drafter).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from runtime.heads.sampling import SamplingParams
+from runtime.sampling import SamplingParams
+from runtime.stats import expected_tokens
 from runtime.target import TargetModel
 
 CONTEXT = 180  # tokens in the cache before the verify forward (the issue's reference setting)
@@ -73,22 +72,9 @@ def verify_cost(
     ]
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens per round when each of gamma drafts passes independently with probability alpha."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
 def best_gamma(rows: list[dict], alpha: float) -> tuple[int, float]:
     """(gamma, predicted speedup over one-token steps) maximizing expected_tokens / (T_V(gamma+1) / T_V(1)),
     for a drafter that costs nothing (n-gram, tables); gamma = 0 means drafting does not pay."""
     ratio = {row["n"]: row["ratio"] for row in rows}
     options = [(0, 1.0)] + [(g, expected_tokens(alpha, g) / ratio[g + 1]) for g in range(1, max(ratio))]
     return max(options, key=lambda option: option[1])
-
-
-def write_json(record: dict, path: Path) -> None:
-    """Write a JSON record atomically (temporary sibling, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
-from runtime.heads.sampling import SamplingParams
-from runtime.verify import NO_BAN, TokenBan, Verdict
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.verify import Verdict
 
 
 @dataclass(frozen=True)

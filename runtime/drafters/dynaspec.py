@@ -12,7 +12,7 @@ stays full-vocabulary.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +22,6 @@ from runtime.drafters.int8 import Int8Drafter
 from runtime.drafters.layers import LayerDrafter
 from runtime.heads.shortlist import ShortlistHead
 from runtime.router import ONNX_FILE, SCHEDULES, RouterRunner
-from runtime.speculative import SpecDecodeStats
-from runtime.stats import HeadStats
 from runtime.target import TorchTarget
 
 
@@ -40,8 +38,9 @@ class RouterStage:
         tensors = artifact.read_stage(Stage.ROUTER)
         return cls(tensors, artifact.stage_params(Stage.ROUTER), str(artifact.stage_file(Stage.ROUTER, ONNX_FILE)))
 
-    def runner(self, backend: str = "onnx") -> RouterRunner:
-        return RouterRunner(self.tensors, self.onnx_path, backend)
+    def runner(self, engine: str = "onnx") -> RouterRunner:
+        """The router run by ONNX Runtime ("onnx") or torch ("torch")."""
+        return RouterRunner(self.tensors, self.onnx_path, engine)
 
     def cluster_head(self, target: TorchTarget, context: bool = True) -> ShortlistHead:
         """A shortlist head over the router's clusters (the always-kept ids, and with `context` the
@@ -106,7 +105,7 @@ class RoutedDrafting(ShortlistDrafting):
         if k_max < 1:
             raise ValueError("the cluster budget k must be >= 1")
         self.router, self.k_max, self.budget = router, k_max, SCHEDULES[schedule]
-        self.embedding = target.model.get_input_embeddings().weight.detach()  # [V, d]
+        self.embedding_rows = target.embedding_rows  # ids [k] -> input-embedding rows [k, d]
         self.hiddens: list[torch.Tensor] = []  # [d] per cached position, aligned with self.cached
         self.step = 0  # draft position of the next token the head picks
         # One worker: the router of step t beside the drafter forward of step t (ONNX Runtime and
@@ -124,7 +123,7 @@ class RoutedDrafting(ShortlistDrafting):
     def _route(self, token: int, previous: torch.Tensor) -> torch.Tensor:
         """Cluster scores [M] for the position of `token`, whose previous hidden state is `previous` [d]."""
         with torch.inference_mode():
-            return self.router.scores(self.embedding[token][None], previous[None])[0]
+            return self.router.scores(self.embedding_rows(torch.tensor([token])), previous[None])[0]
 
     @torch.inference_mode()
     def feed(self, tokens: list[int]) -> torch.Tensor:
@@ -171,30 +170,3 @@ class RoutedInt8Drafter(RoutedDrafting, Int8Drafter):
     ) -> None:
         Int8Drafter.__init__(self, target, head)
         self.route_with(target, router, k_max, schedule, overlap)
-
-
-@dataclass
-class ShortlistDecodeStats(SpecDecodeStats):
-    """SpecDecodeStats plus what the drafter's shortlist head scored."""
-
-    shortlist: HeadStats = field(default_factory=HeadStats)
-
-    @property
-    def shortlist_fraction(self) -> float:
-        """Mean shortlist size over the vocabulary, per drafted row."""
-        return self.shortlist.recomputed_fraction
-
-    def to_json(self) -> dict:
-        return {**super().to_json(), "shortlist_fraction": self.shortlist_fraction}
-
-
-def with_shortlist_stats(decode, head: ShortlistHead):
-    """Wrap a speculative decoder so its stats also carry the drafter head's shortlist counters."""
-
-    def run(prompt, n, params, generator, guard=0):
-        before = replace(head.stats)
-        tokens, stats = decode(prompt, n, params, generator, guard)
-        fields = {name: getattr(stats, name) for name in stats.__dataclass_fields__}
-        return tokens, ShortlistDecodeStats(**fields, shortlist=head.stats.since(before))
-
-    return run

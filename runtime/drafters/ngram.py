@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.heads.sampling import SamplingParams
-from runtime.verify import NO_BAN, TokenBan, Verdict
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.verify import Verdict
 
 
 class NgramDrafter:

@@ -3,10 +3,12 @@
 DRAFTER is `layers:N` or `int8`. The router (`dynaspec`) must have been trained on the hidden state
 the drafter gives it: `layers:N`, or `final` for `int8`. Options:
 
-- k=K clusters per draft token (default 16); schedule=fixed|position (seed 001's k_c(t));
-  router=onnx|torch (ONNX Runtime by default); overlap=0|1 (default 1: the router runs in a
-  second thread beside the drafter's forward);
+- k=K clusters per draft token (default 16); schedule=fixed|position (DynaSpec's k_c(t));
+  router=onnx|torch (the engine that runs the router; ONNX Runtime by default); overlap=0|1
+  (default 1: the router runs in a second thread beside the drafter's forward);
 - context=0|1 (default 1): the sequence's own tokens are in the shortlist too; 0 is the papers' head.
+
+Parsing (`parse_shortlisted`) touches no model, so a bad name fails before one loads.
 """
 
 from __future__ import annotations
@@ -15,38 +17,51 @@ from artifacts import Artifact
 from runtime.drafters.dynaspec import (
     RoutedInt8Drafter, RoutedLayerDrafter, RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter,
 )
+from runtime.router import ENGINES, SCHEDULES
 from runtime.target import TorchTarget
 
 SHORTLIST_HELP = "dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:context=0|1] or frspec:layers:N|int8:TOKENS[:context=0|1]"
-ROUTING_OPTIONS = ("k", "schedule", "router", "overlap", "context")
+DEFAULTS = {"k": "16", "schedule": "fixed", "router": "onnx", "overlap": "1", "context": "1"}
+CHOICES = {"schedule": tuple(SCHEDULES), "router": ENGINES, "overlap": ("0", "1"), "context": ("0", "1")}
 
 
-def build_shortlist_drafter(spec: str, target: TorchTarget, artifact: Artifact):
-    """The drafter named by `spec` (see the module docstring) and its ShortlistHead (the bench counts its rows)."""
-    name, *args = spec.strip().split(":")
-    if name not in ("dynaspec", "frspec"):
-        raise ValueError(f"not a shortlisted drafter: {spec!r}; use {SHORTLIST_HELP}")
+def parse_shortlisted(name: str, args: list[str]) -> tuple[str, ...]:
+    """Check a dynaspec / frspec drafter's arguments; canonical form: (kind, [TOKENS,] key=value for every option)."""
     kind, args = _drafter_kind(args)
-    options, rest = _options(args, ROUTING_OPTIONS if name == "dynaspec" else ("context",))
-    context = _switch(options, "context")
-    stage = RouterStage.load(artifact)
+    known = tuple(DEFAULTS) if name == "dynaspec" else ("context",)
+    options, rest = _options(args, known)
+    for key, value in options.items():
+        if key in CHOICES and value not in CHOICES[key]:
+            raise ValueError(f"{key} takes {' or '.join(CHOICES[key])}, got {value!r} in {name}:{':'.join([kind] + args)}")
     if name == "frspec":
-        if len(rest) != 1 or not rest[0].isdigit():
+        if len(rest) != 1 or not rest[0].isdigit() or int(rest[0]) < 1:
             raise ValueError(f"frspec takes a shortlist size and context=0|1: frspec:{kind}:TOKENS, e.g. "
-                             f"frspec:layers:16:26214; got {spec!r}")
-        head = stage.frequent_head(target, int(rest[0]), context)
-        drafter = ShortlistInt8Drafter(target, head) if kind == "int8" else ShortlistLayerDrafter(target, _depth(kind), head)
-        return drafter, head
+                             f"frspec:layers:16:26214; got {':'.join([name, kind] + args)!r}")
+        return (kind, rest[0], f"context={options.get('context', DEFAULTS['context'])}")
     if rest:
         raise ValueError(f"dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1 and "
-                         f"context=0|1; got {':'.join(rest)!r} in {spec!r}")
+                         f"context=0|1; got {':'.join(rest)!r}")
+    k = options.get("k", DEFAULTS["k"])
+    if not k.isdigit() or int(k) < 1:
+        raise ValueError(f"dynaspec k takes an integer >= 1 (clusters per draft token), got {k!r}; e.g. k=8")
+    return (kind, *(f"{key}={options.get(key, default)}" for key, default in DEFAULTS.items()))
+
+
+def build_shortlisted(name: str, args: tuple[str, ...], target: TorchTarget, artifact: Artifact):
+    """The drafter named by `name` and parse_shortlisted's canonical `args`; its ShortlistHead is `drafter.head`."""
+    kind = args[0]
+    options = dict(part.split("=", 1) for part in args if "=" in part)
+    context = options["context"] == "1"
+    stage = RouterStage.load(artifact)
+    if name == "frspec":
+        head = stage.frequent_head(target, int(args[1]), context)
+        return ShortlistInt8Drafter(target, head) if kind == "int8" else ShortlistLayerDrafter(target, _depth(kind), head)
     stage.check_hidden(kind)
     head = stage.cluster_head(target, context)
-    routing = (stage.runner(options.get("router", "onnx")), int(options.get("k", 16)),
-               options.get("schedule", "fixed"), _switch(options, "overlap"))
+    routing = (stage.runner(options["router"]), int(options["k"]), options["schedule"], options["overlap"] == "1")
     if kind == "int8":
-        return RoutedInt8Drafter(target, head, *routing), head
-    return RoutedLayerDrafter(target, _depth(kind), head, *routing), head
+        return RoutedInt8Drafter(target, head, *routing)
+    return RoutedLayerDrafter(target, _depth(kind), head, *routing)
 
 
 def _drafter_kind(args: list[str]) -> tuple[str, list[str]]:
@@ -74,12 +89,4 @@ def _options(args: list[str], known: tuple[str, ...]) -> tuple[dict[str, str], l
     return options, rest
 
 
-def _switch(options: dict[str, str], key: str) -> bool:
-    """A 0|1 option, 1 when absent."""
-    value = options.get(key, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{key} takes 0 or 1, got {value!r}")
-    return value == "1"
-
-
-__all__ = ["SHORTLIST_HELP", "build_shortlist_drafter"]
+__all__ = ["SHORTLIST_HELP", "build_shortlisted", "parse_shortlisted"]

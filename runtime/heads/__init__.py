@@ -3,7 +3,6 @@
 from runtime.heads.certified import CertifiedHead
 from runtime.heads.cluster_bound import ClusterBound
 from runtime.heads.full import FullHead
-from runtime.heads.sampling import SamplingParams
 from runtime.heads.screen_bound import ScreenBound
 
-__all__ = ["CertifiedHead", "ClusterBound", "FullHead", "SamplingParams", "ScreenBound"]
+__all__ = ["CertifiedHead", "ClusterBound", "FullHead", "ScreenBound"]

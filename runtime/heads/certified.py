@@ -16,7 +16,7 @@ import math
 import torch
 
 from runtime.heads.opened import Opened
-from runtime.heads.sampling import SamplingParams, gumbel_noise, nucleus_size, sample_full
+from runtime.sampling import SamplingParams, gumbel_noise, nucleus_size, sample_full
 from runtime.heads.screen_bound import dot_rounding_gamma
 from runtime.kernels import linear
 from runtime.stats import HeadStats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.heads.sampling import SamplingParams, gumbel_noise, sample_full
+from runtime.sampling import SamplingParams, sample_rows
 from runtime.kernels import linear
 from runtime.stats import HeadStats
 
@@ -26,9 +26,7 @@ class FullHead:
         self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """Next token per row [B] for hidden states [B, d]."""
-        logits = self.logits(hidden)  # [B, V]
-        noise = None if params.greedy else gumbel_noise(hidden.shape[0], self.vocab_size, generator)
-        tokens = [sample_full(logits[b], params, None if noise is None else noise[b]) for b in range(len(logits))]
+        tokens = sample_rows(self.logits(hidden), params, generator)  # [B]
         self.stats.rows += len(tokens)
         self.stats.recomputed_tokens += len(tokens) * self.vocab_size
-        return torch.tensor(tokens, dtype=torch.long)
+        return tokens

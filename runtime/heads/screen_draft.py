@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.heads.sampling import SamplingParams, gumbel_noise, sample_full
+from runtime.sampling import SamplingParams, sample_rows
 from runtime.heads.screen_bound import ScreenBound
 from runtime.stats import HeadStats
 
@@ -35,5 +35,4 @@ class ScreenDraftHead:
         logits = self.logits(hidden)  # [B, V]
         if params.greedy:
             return logits.argmax(dim=1)
-        noise = gumbel_noise(hidden.shape[0], self.vocab_size, generator)
-        return torch.tensor([sample_full(logits[b], params, noise[b]) for b in range(len(logits))], dtype=torch.long)
+        return sample_rows(logits, params, generator)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.heads.sampling import SamplingParams, gumbel_noise, sample_full
+from runtime.sampling import SamplingParams, sample_rows
 from runtime.stats import HeadStats
 
 
@@ -141,6 +141,4 @@ class ShortlistHead:
         """Next token per row [B] for hidden [B, d], chosen within the shortlist."""
         if params.greedy:
             return self.shortlist[self.shortlist_logits(hidden).argmax(dim=1)]
-        logits = self.logits(hidden)  # [B, V]
-        noise = gumbel_noise(hidden.shape[0], self.vocab_size, generator)
-        return torch.tensor([sample_full(logits[b], params, noise[b]) for b in range(len(logits))], dtype=torch.long)
+        return sample_rows(self.logits(hidden), params, generator)  # [B]

@@ -1,0 +1,209 @@
+"""The Python API (the one `runtime generate` and `runtime bench` call): a model plus its artifact, then
+generate with any method of the grammar in runtime.methods, streaming tokens, or bench methods side by side.
+
+    from runtime import api
+    from runtime.sampling import SamplingParams
+
+    engine = api.load("art/g270")                   # the artifact and the model it was built for
+    run = engine.generate("def fib(n):", method="spec:int8+csv", max_new_tokens=64)
+    for token in run:                               # token ids, as the loop appends them
+        ...
+    print(run.text, run.stats.tokens_per_s)         # after the last token
+    engine.generate("Tell me a joke.", chat=True, sampling=SamplingParams(temperature=0.7)).text
+    record = engine.bench(["ar", "csv", "spec:int8"], ["def fib(n):", "class Stack:"], max_new_tokens=32)
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import resource
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from runtime.method_builders import Method, build_method
+from runtime.methods import MethodSpec, parse_method
+from runtime.prompting import encode_prompt
+from runtime.sampling import SamplingParams
+from runtime.session import Session, open_session
+from runtime.stats import DecodeStats
+from runtime.stopping import StopStrings
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Torch's intra-op threads: `threads`, or every core this process may run on. Returns the count."""
+    count = threads or len(os.sched_getaffinity(0))
+    if count < 1:
+        raise ValueError(f"threads must be >= 1, got {count}")
+    torch.set_num_threads(count)
+    return count
+
+
+def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True) -> "Engine":
+    """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`."""
+    return Engine(open_session(artifact, model, progress=progress, backend=backend))
+
+
+class Engine:
+    """A session plus the methods built on it (built once per name, reused across calls)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._methods: dict[MethodSpec, Method] = {}
+
+    @property
+    def tokenizer(self):
+        return self.session.tokenizer
+
+    def method(self, method: str | MethodSpec) -> Method:
+        """The built Method for a name in the grammar of runtime.methods (or a parsed MethodSpec)."""
+        spec = parse_method(method) if isinstance(method, str) else method
+        if spec not in self._methods:
+            self._methods[spec] = build_method(self.session, spec)
+        return self._methods[spec]
+
+    def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
+        """Token ids [P] of a prompt given as text (with chat=True through the chat template) or as ids."""
+        if isinstance(prompt, str):
+            return encode_prompt(self.tokenizer, prompt, chat)
+        if chat:
+            raise ValueError("chat=True wraps prompt text in the chat template; give text, not token ids")
+        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        if ids.numel() == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        return ids
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        method: str | MethodSpec = "csv",
+        sampling: SamplingParams = SamplingParams(),
+        max_new_tokens: int = 128,
+        chat: bool = False,
+        min_response_tokens: int = 4,
+        stop: Sequence[str] = (),
+        seed: int = 0,
+    ) -> "Generation":
+        """Start decoding `prompt` with `method`; iterate the result for token ids as they are appended.
+
+        min_response_tokens: with chat, no EOS among the first that many response tokens (0 = off).
+        stop: end once the response contains one of these strings (kept in the output).
+        """
+        if min_response_tokens < 0:
+            raise ValueError("min_response_tokens must be >= 0")
+        run = self.method(method)
+        ids = self.encode(prompt, chat)
+        stops = StopStrings(self.tokenizer, stop) if stop else None
+        generator = torch.Generator().manual_seed(seed)
+        guard = min_response_tokens if chat else 0
+        return Generation(self.tokenizer, lambda on_token: run.decode(
+            ids, max_new_tokens, sampling, generator, guard, on_token=on_token, stop=stops))
+
+    def bench(
+        self,
+        methods: Sequence[str | MethodSpec],
+        prompts: Sequence[str],
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int = 0,
+        chat: bool = False,
+        min_response_tokens: int = 4,
+    ) -> dict:
+        """Run methods interleaved on the same prompts (ar always among them, first); the JSON record
+        `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, ...)."""
+        from runtime.backend import backend_name
+        from runtime.bench.runner import run_bench, summarize
+        from runtime.kernels import kernel_name
+
+        specs = [parse_method(m) if isinstance(m, str) else m for m in methods]
+        if not any(spec.name == "ar" and spec.backend is None for spec in specs):
+            specs.insert(0, parse_method("ar"))  # speedups are always against ar measured in the same run
+        if min_response_tokens < 0:
+            raise ValueError("min_response_tokens must be >= 0")
+        guard = min_response_tokens if chat else 0
+        built = [self.method(spec) for spec in specs]
+        ids = [self.encode(text, chat) for text in prompts]
+        results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard)
+        return {
+            "setup": {
+                "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,
+                "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
+                "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
+                "backend": backend_name(self.session.target), "peak_rss_mib": peak_rss_mib(),
+            },
+            "methods": summarize(results, sampling),
+        }
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size so far, in MiB (getrusage: every method of a run included)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class _Cancelled(Exception):
+    """Raised inside the decoding thread when the consumer closed the stream."""
+
+
+class Generation:
+    """Token ids of one generation as they are appended; `text` and `stats` once it is over.
+
+    The loop runs in a worker thread and hands each token over a queue; closing the iterator early
+    (or leaving a `for` loop) stops the loop at its next token.
+    """
+
+    _DONE = object()
+
+    def __init__(self, tokenizer, run) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.stats: DecodeStats | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._cancel = threading.Event()
+        self._run = run
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _work(self) -> None:
+        def on_token(token: int) -> None:
+            if self._cancel.is_set():
+                raise _Cancelled
+            self._queue.put(token)
+
+        try:
+            _, self.stats = self._run(on_token)
+        except _Cancelled:
+            pass
+        except BaseException as exc:  # handed to the consumer, raised where it iterates
+            self._error = exc
+        self._queue.put(self._DONE)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="generate", daemon=True)
+            self._thread.start()
+        try:
+            while (item := self._queue.get()) is not self._DONE:
+                self.tokens.append(item)
+                yield item
+        finally:
+            self._cancel.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def wait(self) -> "Generation":
+        """Run to the end (consuming the stream); returns self."""
+        for _ in self:
+            pass
+        return self
+
+    @property
+    def text(self) -> str:
+        """The decoded response (the stream is consumed first if it has not been)."""
+        if self._thread is None:
+            self.wait()
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)

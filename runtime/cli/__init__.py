@@ -1,0 +1,91 @@
+"""`runtime`: decode with a model and its artifact, benchmark methods side by side, inspect artifacts."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from artifacts import ArtifactError
+from runtime.models import ModelError
+
+
+def clean_errors(command):
+    """Turn expected failures into one-line click errors (exit 1, no traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (ArtifactError, ModelError, ValueError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def model_options(command):
+    """--backend and --threads, shared by the commands that run a model; --threads is applied at once."""
+    from runtime.backend import BACKENDS
+
+    @functools.wraps(command)
+    def with_threads(*args, threads, **kwargs):
+        from runtime.api import set_threads
+
+        if threads is not None and threads < 1:
+            raise click.UsageError("--threads must be >= 1")
+        set_threads(threads)
+        return command(*args, **kwargs)
+
+    options = [
+        click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True,
+                     help="Backend (the TargetModel implementation): lean (hand-written forward, gemma3/qwen2/llama), "
+                          "transformers, native where available, or auto (the fastest exact one supported)."),
+        click.option("--threads", type=int, default=None, help="Torch threads (default: every core this process may use)."),
+    ]
+    for option in reversed(options):
+        with_threads = option(with_threads)
+    return with_threads
+
+
+def sampling_options(command):
+    """--temperature/--top-k/--top-p/--epsilon/--seed, shared by generate and bench."""
+    options = [
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
+        click.option("--epsilon", type=float, default=None, help="csv only: allow total variation <= epsilon."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def sampling_params(temperature, top_k, top_p, epsilon):
+    """SamplingParams from the sampling options (a bad value is a one-line error)."""
+    from runtime.sampling import SamplingParams
+
+    return SamplingParams(temperature, top_k, top_p, epsilon)
+
+
+min_response_option = click.option(
+    "--min-response-tokens", type=click.IntRange(min=0), default=4, show_default=True,
+    help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Decode with specvocab artifacts, benchmark methods, inspect artifacts.
+
+    \b
+    runtime generate art/g270 --method csv --prompt "Write a haiku about rain."
+    runtime generate art/g270 --method spec:int8:gamma=6+csv --prompt "def fib(n):"
+    runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster
+    runtime bench-verify art/g270 --head csv
+    runtime inspect art/g270
+    """
+
+
+from runtime.cli import bench, generate, inspect_command  # noqa: E402,F401  (the commands register on `main`)
+
+__all__ = ["clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]

@@ -1,0 +1,149 @@
+"""`runtime bench`, `bench-kernels` and `bench-verify`: methods side by side, screening kernels, verify cost."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import torch
+
+from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
+from runtime.methods import methods_help, parse_methods
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--prompts", "prompt_source", default="humaneval", show_default=True,
+              help="humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
+@click.option("--methods", default="ar,csv:screen", show_default=True,
+              help=f"Comma-separated method names. {methods_help()}")
+@click.option("-n", "num_prompts", type=click.IntRange(min=1), default=12, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--chat", is_flag=True, help="Wrap prompts in the chat template.")
+@min_response_option
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default="bench-out/bench.json", show_default=True,
+              help="JSON output; the .md table and .png plot go beside it.")
+@click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@sampling_options
+@model_options
+@clean_errors
+def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, model,
+          temperature, top_k, top_p, epsilon, seed, backend) -> None:
+    """Run methods interleaved on the same prompts; report tok/s, speedup over ar in one run, peak RSS.
+
+    \b
+    runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster -n 12
+    runtime bench art/g270 --prompts prompts.json --methods ar,csv --temperature 0.7
+    runtime bench art/g270 --methods ar,spec:int8:gamma=6+csv,dynaspec:int8:k=8
+    runtime bench art/qwen --prompts sharegpt --chat --methods ar,spec:layers:20 --min-response-tokens 4
+    """
+    from runtime import api
+    from runtime.bench.report import markdown_table, write_reports
+    from runtime.data import load_prompts
+
+    # Every cheap check before the model loads.
+    specs = parse_methods(methods)
+    params = sampling_params(temperature, top_k, top_p, epsilon)
+    texts = load_prompts(prompt_source, num_prompts)
+    engine = api.load(artifact, model, backend=backend)
+    record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens)
+    record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
+              "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
+    paths = write_reports(record, Path(json_path))
+    click.echo(markdown_table(record["methods"]))
+    click.echo(f"peak RSS {record['setup']['peak_rss_mib']:.0f} MiB (the process, all methods)", err=True)
+    click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
+
+
+@main.command("bench-kernels")
+@click.argument("artifact", type=click.Path())
+@click.option("--prompt", default="def fibonacci(n):", show_default=True, help="Text whose last hidden state is screened.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True)
+@model_options
+@clean_errors
+def bench_kernels(artifact, prompt, repeats, backend) -> None:
+    """Time the screening-kernel candidates against the full head, in one run, on a real hidden state.
+
+    \b
+    runtime bench-kernels art/g270
+    """
+    from artifacts.format import Stage
+    from runtime.bench.kernels import compare_kernels
+    from runtime.bench.report import markdown_rows
+    from runtime.prompting import encode_prompt
+    from runtime.session import open_session
+
+    session = open_session(artifact, backend=backend)
+    ids = encode_prompt(session.tokenizer, prompt)
+    hidden = session.target.forward(ids, session.target.new_cache())[-1:].float()  # [1, d]
+    rows = compare_kernels(session.target.head_weight, session.artifact.read_stage(Stage.SCREEN), hidden, repeats)
+    columns = [("kernel", "kernel", "{}"), ("activations", "activations", "{}"), ("ms", "ms", "{:.2f}"),
+               ("vs_full_head", "time vs full head", "{:.2f}x"), ("max_error", "max abs error", "{:.2e}")]
+    click.echo(markdown_rows(rows, columns))
+
+
+@main.command("bench-verify")
+@click.argument("artifact", type=click.Path())
+@click.option("--head", "head_kind", type=click.Choice(["full", "csv"]), default="full", show_default=True,
+              help="Head the greedy verifier selects with on the n rows (csv: certified, bound from --bound).")
+@click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True)
+@click.option("--prompts", "prompt_source", default="humaneval", show_default=True,
+              help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
+@click.option("--context", type=click.IntRange(min=1), default=180, show_default=True,
+              help="Tokens in the cache before the verify forward.")
+@click.option("--max-n", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Largest number of tokens per verify forward.")
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timings per n (the median is reported).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
+@click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@model_options
+@clean_errors
+def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, json_path, model, backend) -> None:
+    """Time one target forward over n = 1..8 new tokens plus the greedy head work: T_V(n) / T_V(1).
+
+    \b
+    runtime bench-verify art/g270
+    runtime bench-verify art/g270 --head csv --repeats 20 --json bench-out/verify.json
+    """
+    from runtime.backend import backend_name
+    from runtime.bench.report import markdown_rows, write_json
+    from runtime.bench.verify_cost import best_gamma, verify_cost
+    from runtime.data import load_prompts
+    from runtime.session import open_session
+
+    texts = load_prompts(prompt_source, 64)
+    session = open_session(artifact, model, backend=backend)
+    head = session.certified_head(bound) if head_kind == "csv" else session.full_head()
+    tokens = _token_run(session.tokenizer, texts, context + max_n)
+    rows = verify_cost(session.target, head, tokens, context, max_n, repeats)
+    columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
+               ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
+    label = f"csv:{bound}" if head_kind == "csv" else "full"
+    click.echo(f"{session.model.info.name}, {backend_name(session.target)} backend, head {label}, cache {context} tokens, "
+               f"{torch.get_num_threads()} threads, median of {repeats}")
+    click.echo(markdown_rows(rows, columns))
+    choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
+    click.echo("best gamma with a free drafter (n-gram): " + ", ".join(
+        f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
+    if json_path:
+        record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
+                  "setup": {"model": session.model.info.name, "backend": backend_name(session.target), "head": label,
+                            "context": context, "repeats": repeats, "threads": torch.get_num_threads(),
+                            "prompts": prompt_source},
+                  "rows": rows,
+                  "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}
+        write_json(record, Path(json_path))
+        click.echo(f"wrote {json_path}", err=True)
+
+
+def _token_run(tokenizer, texts: list[str], length: int) -> torch.Tensor:
+    """The first `length` token ids of the texts joined by blank lines [length]."""
+    ids: list[int] = []
+    for count in range(1, len(texts) + 1):
+        ids = tokenizer("\n\n".join(texts[:count]))["input_ids"]
+        if len(ids) >= length:
+            return torch.tensor(ids[:length], dtype=torch.long)
+    raise ValueError(f"the prompts give {len(ids)} tokens, {length} are needed: use a longer --prompts source "
+                     "or a smaller --context")

@@ -1,0 +1,131 @@
+"""`runtime generate`: decode one prompt with any method of the grammar, streaming the text."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
+from runtime.methods import MethodSpec, canonical, methods_help, parse_method
+
+# The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
+ALIASES = ("--drafter", "--gamma", "--adaptive", "--no-verifier", "--target-head")
+
+
+def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier, target_head,
+                      cluster_budget: float, adaptive_budget: bool) -> MethodSpec:
+    """The MethodSpec that --method and the alias flags name together (parsed once, by the grammar)."""
+    text = method.strip()
+    aliased = drafter is not None or gamma is not None or adaptive or no_verifier or target_head is not None
+    if text == "spec":
+        options = [f"gamma={gamma}"] * (gamma is not None) + ["adaptive"] * adaptive + ["no-verifier"] * no_verifier
+        text = ":".join(["spec", drafter or "ngram", *options])
+        if target_head == "csv":
+            text += f"+csv:{bound or 'screen'}"
+    elif aliased:
+        raise click.UsageError(f"{', '.join(ALIASES)} go with --method spec; or write them in the method name, "
+                               "e.g. --method spec:ngram:gamma=6:adaptive+csv")
+    elif text == "csv" and bound is not None:
+        text = f"csv:{bound}"
+    return replace(parse_method(text), cluster_budget=cluster_budget, adaptive_budget=adaptive_budget)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--method", default="csv", show_default=True, help=f"Method name. {methods_help()}")
+@click.option("--bound", type=click.Choice(["screen", "cluster"]), default=None,
+              help="Alias: --method csv --bound cluster = csv:cluster; with --target-head csv, its bound (default screen).")
+@click.option("--cluster-budget", type=click.FloatRange(0, 1, min_open=True), default=0.25, show_default=True,
+              help="csv:cluster: largest fraction of the vocabulary to open before falling back.")
+@click.option("--adaptive-budget", is_flag=True, help="csv:cluster: adapt the budget as CSV-Decode does.")
+@click.option("--drafter", default=None, help="Alias, with --method spec: spec:DRAFTER (default ngram).")
+@click.option("--gamma", type=int, default=None, help="Alias, with --method spec: :gamma=G (tokens drafted per target forward).")
+@click.option("--adaptive", is_flag=True, help="Alias, with --method spec: :adaptive (gamma +1 after a full accept, -1 after a rejection).")
+@click.option("--no-verifier", is_flag=True,
+              help="Alias, with --method spec: :no-verifier, the drafter's compressed model alone (gp, int8; the GP "
+                   "paper's ablation: not the target's text).")
+@click.option("--target-head", type=click.Choice(["full", "csv"]), default=None,
+              help="Alias, with --method spec: csv = +csv (the certified head verifies; bound from --bound).")
+@min_response_option
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option("--stop", "stops", multiple=True,
+              help="End once the response contains this text (repeatable; \\n, \\t escapes work); the stop text is kept.")
+@click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@sampling_options
+@model_options
+@clean_errors
+def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, gamma, adaptive, no_verifier, target_head,
+             min_response_tokens, prompt, prompt_file, chat, max_new_tokens, stops, model,
+             temperature, top_k, top_p, epsilon, seed, backend) -> None:
+    """Generate text, streaming it, then print speed and certification (and drafting) stats.
+
+    \b
+    runtime generate art/g270 --method csv --prompt "def fib(n):"
+    runtime generate art/g270 --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
+    runtime generate art/g270 --method csv --stop "\\n\\n" --prompt "def fib(n):"
+    runtime generate art/g270 --method spec:int8:gamma=6+csv --prompt "def fib(n):"
+    runtime generate art/g270 --method spec:layers:6:adaptive+csv --chat --prompt "Hi!"
+    runtime generate art/g270 --method spec:gp:256:act:no-verifier --prompt "def fib(n):"
+    runtime generate art/g270 --method dynaspec:layers:16 --prompt "def fib(n):"
+    runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"   (the old flags)
+    """
+    from runtime import api
+    from runtime.methods import METHODS
+    from runtime.prompting import TextStream
+
+    # Every cheap check before the model loads.
+    text = _prompt_text(prompt, prompt_file)
+    params = sampling_params(temperature, top_k, top_p, epsilon)
+    spec = method_from_flags(method, bound, drafter, gamma, adaptive, no_verifier, target_head, cluster_budget,
+                             adaptive_budget)
+    if METHODS[spec.name].bench_only:
+        raise click.UsageError(f"{spec} is a bench-only reference; use it in runtime bench --methods")
+    if epsilon is not None and spec.name != "csv":
+        raise click.UsageError("--epsilon applies to --method csv only")
+    engine = api.load(artifact, model, backend=backend)
+    run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens,
+                          [_unescape(s) for s in stops], seed)
+    stream = TextStream(engine.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    for token in run:
+        stream(token)
+    click.echo("")
+    stats = run.stats
+    summary = stats.head.summary()
+    label = canonical(spec) if spec.verifier else f"{spec.drafter} alone, no verifier"
+    click.echo(
+        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode, prefill {stats.seconds_prefill:.2f} s; "
+        f"certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
+        f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary",
+        err=True,
+    )
+    if stats.spec is not None:
+        click.echo(_spec_line(stats.spec), err=True)
+
+
+def _spec_line(spec) -> str:
+    """One line of drafting stats: acceptance, and the closed-form throughput beside the measured one."""
+    per_position = ", ".join(f"{a:.0%}" for a in spec.acceptance_per_position)
+    return (
+        f"[spec] {spec.drafts} drafts, {spec.drafted} drafted, {spec.accepted} accepted; "
+        f"mean accepted length {spec.mean_accepted_length:.2f}, acceptance {spec.acceptance_rate:.1%} "
+        f"(per position: {per_position or '-'}); predicted {spec.predicted_tokens_per_s:.2f} tok/s by the GP paper's "
+        f"closed form (gamma {spec.gamma_mean:.2f}, T_D {1e3 * spec.seconds_draft_per_token:.2f} ms/token, "
+        f"T_V {1e3 * spec.seconds_verify_per_round:.2f} ms/round)"
+    )
+
+
+def _unescape(text: str) -> str:
+    """--stop '\\n\\n' as typed in a shell means two newlines: backslash escapes are decoded."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt or --prompt-file")
+    return prompt if prompt is not None else Path(prompt_file).read_text()

@@ -1,0 +1,113 @@
+"""Build a parsed MethodSpec into a runnable Method over a session: heads, drafter and loop, chosen once.
+
+The builders registered in runtime.methods: `autoregressive` (ar, csv) and `speculative` (spec,
+dynaspec, frspec, screenspec). The target head and the drafter's own head are chosen here only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
+
+import torch
+
+from runtime.decode import generate_ar
+from runtime.drafters import DRAFTERS, DraftContext
+from runtime.drafters.dynaspec import ShortlistDrafting
+from runtime.heads import CertifiedHead
+from runtime.heads.screen_draft import ScreenDraftHead
+from runtime.methods import MethodSpec, parse_method
+from runtime.sampling import SamplingParams
+from runtime.session import Session
+from runtime.speculative import generate_speculative
+from runtime.stats import DecodeStats
+from runtime.stopping import StopStrings
+
+
+class Decoder(Protocol):
+    """(prompt [P], max new tokens, sampling, generator, min_new_tokens: the EOS guard) -> tokens, stats."""
+
+    def __call__(
+        self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator: torch.Generator | None,
+        min_new_tokens: int = 0, on_token: Callable[[int], None] | None = None, stop: StopStrings | None = None,
+    ) -> tuple[list[int], DecodeStats]: ...
+
+
+@dataclass
+class Method:
+    """A named way of decoding, runnable on token ids."""
+
+    name: str
+    decode: Decoder
+    spec: MethodSpec | None = None
+
+    @property
+    def distribution_preserving(self) -> bool:
+        return self.spec is None or self.spec.distribution_preserving
+
+
+def build_method(session: Session, spec: MethodSpec | str) -> Method:
+    """The Method a spec (or a name in the grammar of runtime.methods) names, over `session`."""
+    from runtime.methods import METHODS
+
+    spec = parse_method(spec) if isinstance(spec, str) else spec
+    return Method(str(spec), METHODS[spec.name].build(session, spec), spec)
+
+
+def target_head(session: Session, spec: MethodSpec):
+    """The head the target decides with: the full head, or the certified head over spec.bound."""
+    if not spec.certified:
+        return session.full_head()
+    return session.certified_head(spec.bound, max_open_fraction=spec.cluster_budget, adaptive_budget=spec.adaptive_budget)
+
+
+def drafter_head(session: Session, spec: MethodSpec, head):
+    """The drafter's own head (its rows must not count as the target's): the target head's family
+    sharing its bound, or the int8 screening copy; None for drafters that bring their own."""
+    kind = spec.draft_head or DRAFTERS[spec.drafter.name].head
+    if kind == "screen":
+        return ScreenDraftHead(session.screen_bound())
+    if kind == "own":
+        return CertifiedHead(head.weight, head.bias, head.bound) if spec.certified else session.full_head()
+    return None
+
+
+def autoregressive(session: Session, spec: MethodSpec) -> Decoder:
+    """ar / csv: one target forward and one head call per token."""
+    target = session.target
+    if spec.backend is not None:
+        from runtime.backend import make_target
+
+        target = make_target(target.model, target.eos_token_ids, spec.backend)
+    head = target_head(session, spec)
+
+    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
+        return generate_ar(target, head, prompt, n, params, generator, on_token=on_token,
+                           min_new_tokens=min_new_tokens, stop=stop)
+
+    return decode
+
+
+def speculative(session: Session, spec: MethodSpec) -> Decoder:
+    """spec and its aliases: the drafter proposes, the target verifies (or, without a verifier, the
+    drafter's own backend decodes alone with the drafter's head)."""
+    head = target_head(session, spec)
+    own = drafter_head(session, spec, head)
+    context = DraftContext(session.target, own, session.artifact, session.model.info)
+    drafter = DRAFTERS[spec.drafter.name].build(context, spec.drafter.args)
+    shortlist = drafter.head if isinstance(drafter, ShortlistDrafting) else None
+
+    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
+        before = None if shortlist is None else replace(shortlist.stats)
+        if spec.verifier:
+            tokens, stats = generate_speculative(
+                session.target, head, drafter, prompt, n, params, generator, gamma=spec.gamma, adaptive=spec.adaptive,
+                on_token=on_token, min_new_tokens=min_new_tokens, stop=stop)
+        else:
+            tokens, stats = generate_ar(drafter.backend, own, prompt, n, params, generator, on_token=on_token,
+                                        min_new_tokens=min_new_tokens, stop=stop)
+        if shortlist is not None:
+            stats.shortlist = shortlist.stats.since(before)
+        return tokens, stats
+
+    return decode

@@ -1,0 +1,224 @@
+"""Decoding methods by name: one grammar, parsed once into a MethodSpec, built into a runnable Method.
+
+Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtime.api` accept):
+
+    ar | ar:BACKEND                                  plain decoding (ar:transformers: on transformers' forward)
+    csv | csv:screen | csv:cluster                   the certified head (CSV-Decode)
+    spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|cluster]]
+    dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
+    screenspec:layers:N[:gamma=G][:adaptive]         layers:N drafting with the int8 screening head
+
+DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Adding a method is one
+`register_method` call (name, parser, builder, help line, whether it preserves the target's
+distribution); the builders live in runtime.method_builders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
+
+MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA (runtime.speculative checks it too)
+HEADS = ("full", "csv:screen", "csv:cluster")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A registered drafter and its canonical arguments."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return ":".join((self.name, *self.args))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What to decode with: target head, drafter, loop options and backend override."""
+
+    name: str  # the registered method that builds it
+    head: str = "full"  # the target's head: full, csv:screen or csv:cluster
+    drafter: DrafterSpec | None = None
+    gamma: int = 4  # tokens drafted per target forward (the starting value when adaptive)
+    adaptive: bool = False
+    verifier: bool = True  # False: the drafter's backend decodes alone (its own text, not the target's)
+    draft_head: str | None = None  # None: the drafter's registered head; "screen": the int8 screening copy
+    backend: str | None = None  # a backend (TargetModel implementation) other than the session's
+    cluster_budget: float = 0.25  # csv:cluster: largest fraction of the vocabulary opened before falling back
+    adaptive_budget: bool = False  # csv:cluster: adapt that budget as CSV-Decode does
+    text: str = ""  # the name as given (bench rows are keyed by it)
+
+    @property
+    def certified(self) -> bool:
+        return self.head != "full"
+
+    @property
+    def bound(self) -> str:
+        """The certified head's bound family: screen or cluster."""
+        return self.head.removeprefix("csv:") if self.certified else "screen"
+
+    @property
+    def distribution_preserving(self) -> bool:
+        """Whether outputs follow the target's distribution (greedy: its exact tokens)."""
+        return METHODS[self.name].distribution_preserving and self.verifier
+
+    def __str__(self) -> str:
+        return self.text or canonical(self)
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    """One registered method.
+
+    parse: (arguments after the name, target head from a +csv suffix or None) -> MethodSpec;
+    build: (session, spec) -> Decoder (runtime.method_builders.Decoder);
+    bench_only: a reference that `runtime generate` does not run (e.g. another program's decoder).
+    """
+
+    name: str
+    parse: Callable[[list[str], str | None], MethodSpec]
+    build: Callable
+    help: str
+    distribution_preserving: bool = True
+    bench_only: bool = False
+
+
+METHODS: dict[str, MethodEntry] = {}
+
+
+def register_method(entry: MethodEntry) -> MethodEntry:
+    """Add a method to the registry (its name must be new)."""
+    if entry.name in METHODS:
+        raise ValueError(f"method {entry.name!r} is already registered")
+    METHODS[entry.name] = entry
+    return entry
+
+
+def methods_help() -> str:
+    """The registered methods and drafters, for --help texts."""
+    lines = [entry.help + ("" if entry.distribution_preserving else " [not distribution-preserving]")
+             for entry in METHODS.values()]
+    return "; ".join(lines) + ". DRAFTER: " + drafters_help() + "."
+
+
+def parse_method(text: str) -> MethodSpec:
+    """One method name in the grammar above -> MethodSpec; every mistake is a one-line ValueError naming the fix."""
+    text = text.strip()
+    base, plus, suffix = text.partition("+")
+    head = None
+    if plus:
+        head = {"csv": "csv:screen", "csv:screen": "csv:screen", "csv:cluster": "csv:cluster"}.get(suffix)
+        if head is None:
+            raise ValueError(f"unknown suffix +{suffix} in {text!r}; use +csv (screen bound) or +csv:cluster")
+    name, *args = base.split(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {text!r}; known: {', '.join(METHODS)} (e.g. ar,csv:screen,spec:ngram)")
+    return replace(METHODS[name].parse(args, head), text=text)
+
+
+def parse_methods(text: str) -> list[MethodSpec]:
+    """A comma-separated list of method names, each parsed."""
+    return [parse_method(part) for part in text.split(",") if part.strip()]
+
+
+def canonical(spec: MethodSpec) -> str:
+    """The name in the grammar that parses back to `spec` (budgets and backend overrides aside)."""
+    if spec.drafter is None:
+        return spec.name if spec.name == "ar" and spec.backend is None else (
+            f"ar:{spec.backend}" if spec.name == "ar" else spec.head)
+    options = [f"gamma={spec.gamma}"] + ["adaptive"] * spec.adaptive + ["no-verifier"] * (not spec.verifier)
+    if spec.name == "screenspec":
+        return ":".join(["screenspec", str(spec.drafter), *options])
+    suffix = "" if not spec.certified else "+csv" if spec.bound == "screen" else "+csv:cluster"
+    return ":".join(["spec", str(spec.drafter), *options]) + suffix
+
+
+def loop_options(args: list[str]) -> tuple[list[str], dict]:
+    """Split spec arguments into the drafter's and the loop's (gamma=G, adaptive, no-verifier)."""
+    rest, loop = [], {}
+    for part in args:
+        if part == "adaptive":
+            loop["adaptive"] = True
+        elif part == "no-verifier":
+            loop["verifier"] = False
+        elif part.startswith("gamma="):
+            value = part.removeprefix("gamma=")
+            if not value.isdigit() or not 1 <= int(value) <= MAX_GAMMA:
+                raise ValueError(f"gamma takes an integer in 1..{MAX_GAMMA}, not {value!r}; e.g. spec:ngram:gamma=6")
+            loop["gamma"] = int(value)
+        else:
+            rest.append(part)
+    return rest, loop
+
+
+def _no_arguments(name: str, args: list[str], head: str | None) -> None:
+    if head is not None:
+        raise ValueError(f"+csv applies to drafting methods (spec, dynaspec, frspec), not to {name}; use csv for "
+                         "the certified head alone")
+
+
+def _ar(args: list[str], head: str | None) -> MethodSpec:
+    """ar, or ar:BACKEND: plain decoding on another backend of the same model (a same-run reference)."""
+    from runtime.backend import BACKENDS
+
+    _no_arguments("ar", args, head)
+    backends = [b for b in BACKENDS if b != "auto"]
+    if len(args) > 1 or (args and args[0] not in backends):
+        raise ValueError(f"method 'ar' takes no argument or a backend ({', '.join('ar:' + b for b in backends)}), "
+                         f"not ar:{':'.join(args)}")
+    return MethodSpec("ar", backend=args[0] if args else None)
+
+
+def _csv(args: list[str], head: str | None) -> MethodSpec:
+    _no_arguments("csv", args, head)
+    bound = args[0] if args else "screen"
+    if len(args) > 1 or f"csv:{bound}" not in HEADS:
+        raise ValueError(f"method 'csv' takes one bound: csv:screen or csv:cluster, not csv:{':'.join(args)}")
+    return MethodSpec("csv", head=f"csv:{bound}")
+
+
+def _spec(args: list[str], head: str | None, name: str = "spec") -> MethodSpec:
+    rest, loop = loop_options(args)
+    if not rest:
+        raise ValueError(f"spec needs a drafter: spec:DRAFTER, DRAFTER one of {drafters_help()}")
+    drafter = DrafterSpec(*parse_drafter(":".join(rest)))
+    if not loop.get("verifier", True) and not DRAFTERS[drafter.name].alone:
+        alone = ", ".join(n for n, e in DRAFTERS.items() if e.alone)
+        raise ValueError(f"no-verifier (generate --no-verifier) decodes with the drafter's own backend alone; the {drafter.name} drafter has "
+                         f"none (drafters that do: {alone}), e.g. spec:gp:256:no-verifier")
+    return MethodSpec(name, head=head or "full", drafter=drafter, **loop)
+
+
+def _screenspec(args: list[str], head: str | None) -> MethodSpec:
+    _no_arguments("screenspec", args, head)
+    rest, loop = loop_options(args)
+    if len(rest) != 2 or rest[0] != "layers" or not rest[1].isdigit() or not loop.get("verifier", True):
+        raise ValueError("screenspec takes a layers:N drafter and gamma=G, adaptive, e.g. screenspec:layers:16 "
+                         "(spec:int8 already drafts with the screening head)")
+    return MethodSpec("screenspec", drafter=DrafterSpec("layers", (rest[1],)), draft_head="screen", **loop)
+
+
+def _builder(name: str) -> Callable:
+    """The builder `name` of runtime.method_builders, imported when a method is built (it imports the loops)."""
+
+    def build(session, spec: MethodSpec):
+        from runtime import method_builders
+
+        return getattr(method_builders, name)(session, spec)
+
+    return build
+
+
+register_method(MethodEntry("ar", _ar, _builder("autoregressive"), "ar[:transformers] (plain decoding)"))
+register_method(MethodEntry("csv", _csv, _builder("autoregressive"), "csv[:screen|cluster] (certified head)"))
+register_method(MethodEntry("spec", _spec, _builder("speculative"),
+                            "spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:cluster]] (speculative decoding)"))
+for _name in ("dynaspec", "frspec"):
+    register_method(MethodEntry(
+        _name, lambda args, head, name=_name: _spec([name, *args], head, name="spec"), _builder("speculative"),
+        f"{_name}:... (= spec:{_name}:...)"))
+register_method(MethodEntry("screenspec", _screenspec, _builder("speculative"),
+                            "screenspec:layers:N[:gamma=G][:adaptive] (layers:N with the int8 screening head)"))
