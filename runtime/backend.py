@@ -1,29 +1,18 @@
-"""Choose a decoding backend by name: the lean forward where supported, else transformers'."""
+"""Transitional aliases for runtime.backends (removed once every caller imports runtime.backends)."""
 
-from __future__ import annotations
-
-import torch
-
-from runtime.lean import LeanTarget, UnsupportedModel
-from runtime.target import TorchTarget
-
-BACKENDS = ("auto", "lean", "transformers")
+from runtime.backends import BACKENDS, SUPPORTED_TYPES
 
 
-def make_target(model: torch.nn.Module, eos_token_ids: set[int], backend: str = "auto") -> TorchTarget:
-    """A TargetModel over `model`: lean, transformers, or auto (lean where the architecture is supported)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    if backend == "transformers":
-        return TorchTarget(model, eos_token_ids)
-    try:
-        return LeanTarget(model, eos_token_ids)
-    except UnsupportedModel:
-        if backend == "lean":
-            raise
-        return TorchTarget(model, eos_token_ids)
+def make_target(model, eos_token_ids, backend: str = "auto"):
+    """A lean or transformers TargetModel over an fp32 transformers model (old signature)."""
+    from runtime.backends import choose_backend, make_target as make
+
+    chosen = choose_backend("lean" if backend in ("auto", "native") and model.config.model_type in SUPPORTED_TYPES else backend, None, model.config)
+    return make(chosen, config=model.config, eos_token_ids=eos_token_ids, model=model)
 
 
-def backend_name(target: TorchTarget) -> str:
-    """The name a report shows for the backend a target runs on."""
-    return "lean" if isinstance(target, LeanTarget) else "transformers"
+def backend_name(target) -> str:
+    return target.name
+
+
+__all__ = ["BACKENDS", "backend_name", "make_target"]

@@ -1,4 +1,4 @@
-"""GP self-drafter (seed 002's geodesic projection): a copy of the target whose linears are low rank.
+"""GP self-drafter (the GP paper's geodesic projection): a copy of the target whose linears are low rank.
 
 Per decoder layer, every group of linears that reads the same input x (q/k/v; o; gate/up; down)
 shares an orthonormal basis B [in, r] stored in stage `gp`, ordered so that its first k columns
@@ -10,17 +10,15 @@ the stacked weights) or from real layer inputs (kind `activations`: principal di
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from artifacts import Artifact
 from artifacts.format import Stage
-from runtime.drafters.layers import BackendDrafter, shallow_copy
-from runtime.lean import LeanTarget, Projection
-from runtime.target import TorchTarget
+from runtime.backends.decoder import Projection
+from runtime.backends.target import DecoderTarget
+from runtime.drafters.layers import BackendDrafter
 
 # Linears that read the same input, by their path inside a decoder layer (llama, qwen2, gemma3).
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -42,66 +40,6 @@ def basis_key(kind: str, layer: int, group: str) -> str:
 def group_linears(layer: torch.nn.Module, group: str) -> list[torch.nn.Linear]:
     """The nn.Linear modules of one group in a decoder layer."""
     return [layer.get_submodule(path) for path in GROUPS[group]]
-
-
-class SharedProjection(torch.nn.Module):
-    """Bᵀ x [.., k], computed once per input tensor for all the linears of a group.
-
-    q, k and v (and gate, up) are called one after the other on the same tensor object, so the
-    last input and its projection are kept and reused when the same object comes again; holding
-    the reference also keeps its id from being reused by another tensor.
-    """
-
-    def __init__(self, basis: torch.Tensor) -> None:
-        super().__init__()
-        self.basis_t = basis.T.contiguous()  # [k, in]
-        self.last: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.last is None or self.last[0] is not x:
-            self.last = (x, torch.nn.functional.linear(x, self.basis_t))
-        return self.last[1]
-
-
-class LowRankLinear(torch.nn.Module):
-    """y = (W B)(Bᵀ x) + b: an nn.Linear restricted to the span of a basis B of its inputs."""
-
-    def __init__(self, linear: torch.nn.Linear, projection: SharedProjection) -> None:
-        super().__init__()
-        self.projection = projection
-        basis_t = projection.basis_t  # [k, in]
-        self.weight = torch.nn.Parameter(linear.weight.detach() @ basis_t.T, requires_grad=False)  # [out, k]
-        self.bias = linear.bias  # the target's own, shared
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(self.projection(x), self.weight, self.bias)
-
-
-def compressed_decoder(body: torch.nn.Module, bases: dict[tuple[int, str], torch.Tensor]) -> torch.nn.Module:
-    """A copy of a transformers decoder whose grouped linears are low rank; bases[(layer, group)]: B [in, k].
-
-    The copy shares every weight it does not compress with `body`, and `body` is left unchanged.
-    """
-    clone = shallow_copy(body)
-    layers = []
-    for index, layer in enumerate(body.layers):
-        layer = shallow_copy(layer)
-        parents: dict[str, torch.nn.Module] = {}  # copied submodules (self_attn, mlp) of this layer
-        for group in GROUPS:
-            basis = bases.get((index, group))
-            if basis is None:
-                continue
-            linears = group_linears(layer, group)
-            projection = SharedProjection(basis.to(linears[0].weight))
-            for path, linear in zip(GROUPS[group], linears):
-                parent_name, name = path.split(".")
-                if parent_name not in parents:
-                    parents[parent_name] = shallow_copy(getattr(layer, parent_name))
-                    setattr(layer, parent_name, parents[parent_name])
-                setattr(parents[parent_name], name, LowRankLinear(linear, projection))
-        layers.append(layer)
-    clone.layers = torch.nn.ModuleList(layers)
-    return clone
 
 
 def parse_gp(args: list[str]) -> tuple[int, str]:
@@ -138,57 +76,41 @@ class GPStage:
             for group in self.params["groups"]
         }
 
-    def decoder(self, target: TorchTarget, rank: int, kind: str = "weights") -> torch.nn.Module:
-        return compressed_decoder(target.body, self.bases(rank, kind))
-
 
 class LowRankProjection:
-    """The lean backend's y = x Wᵀ + b restricted to a basis B [in, k] of its inputs: (x B)(W B)ᵀ + b."""
+    """A projection y = x Wᵀ + b restricted to a basis B [in, k] of its inputs: (x B)(W B)ᵀ + b."""
 
-    def __init__(self, dense: Projection, basis: torch.Tensor) -> None:
-        basis = basis.to(dense.weight)
+    def __init__(self, original, basis: torch.Tensor) -> None:
+        weight = original.dense()  # [out, in]
+        basis = basis.to(weight)
         self.project = Projection(basis.T.contiguous())  # [k, in]
-        self.expand = Projection((dense.weight @ basis).contiguous(), dense.bias)  # [out, k]
+        self.expand = Projection((weight @ basis).contiguous(), original.bias)  # [out, k]
+        self.bias = original.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.expand(self.project(x))  # [T, out]
 
+    def dense(self) -> torch.Tensor:
+        return self.expand.weight @ self.project.weight
 
-def lean_compressed(target: LeanTarget, bases: dict[tuple[int, str], torch.Tensor]) -> LeanTarget:
-    """A LeanTarget sharing the target's embeddings, norms and rotary tables, with low-rank projections.
 
-    The lean layers fuse q/k/v and gate/up into one projection each, so one basis per group is one
-    LowRankProjection (the groups' names are the lean layers' field names).
+def low_rank_copy(target: DecoderTarget, bases: dict[tuple[int, str], torch.Tensor]) -> DecoderTarget:
+    """The target over a decoder whose grouped projections are low rank (embeddings, norms, rotary shared).
+
+    The ladder fuses q/k/v and gate/up into one projection each, so one basis per group is one
+    LowRankProjection (the groups' names are the ladder's projection names).
     """
-    clone = copy.copy(target)
-    clone.layers = [
-        dataclasses.replace(layer, **{group: LowRankProjection(getattr(layer, group), bases[(index, group)])
-                                      for group in GROUPS if (index, group) in bases})
-        for index, layer in enumerate(target.layers)
-    ]
-    return clone
+    def transform(name: str, index: int, projection):
+        basis = bases.get((index, name))
+        return projection if basis is None else LowRankProjection(projection, basis)
 
-
-def compressed_backend(target: TorchTarget, bases: dict[tuple[int, str], torch.Tensor]) -> TorchTarget:
-    """The GP copy of the target as a backend of the same kind: lean for a lean target, else transformers."""
-    if isinstance(target, LeanTarget):
-        return lean_compressed(target, bases)
-    return compressed_target(target, compressed_decoder(target.body, bases))
+    return target.with_decoder(target.decoder.map_projections(transform))
 
 
 class GPDrafter(BackendDrafter):
     """Drafts with the GP-compressed copy of the target + final norm + its own head, with its own KV cache."""
 
-    def __init__(self, target: TorchTarget, stage: GPStage, rank: int, kind: str, head) -> None:
-        self.backend = compressed_backend(target, stage.bases(rank, kind))
-        super().__init__(target.body, head)
-
-
-def compressed_target(target: TorchTarget, body: torch.nn.Module) -> TorchTarget:
-    """A transformers backend over the target's model running `body` (the GP copy of its decoder).
-
-    Always the transformers backend: a lean target runs its own fused copies of the weights, not `body`.
-    """
-    alone = TorchTarget(target.model, target.eos_token_ids)  # same head, EOS ids and cache layout
-    alone.body = body
-    return alone
+    def __init__(self, target, stage: GPStage, rank: int, kind: str, head) -> None:
+        if not isinstance(target, DecoderTarget):
+            raise ValueError("the GP drafter runs on the lean or native backend; use --backend auto, lean or native")
+        super().__init__(low_rank_copy(target, stage.bases(rank, kind)), head)

@@ -1,69 +1,59 @@
-"""Int8 self-drafter: the whole target, every projection an int8 weight-only copy, on the lean backend.
+"""Int8 self-drafter: the whole target, every projection an int8 weight-only copy, on the target's ladder.
 
 A decode step here is bound by weight bytes, so the target's own layers with int8 weights (per-row
-scales, fp32 activations, the screening kernel) draft at about a quarter of its weight traffic and
-agree with it on almost every token. Paired with the int8 screening head (ScreenDraftHead) the
-drafter reads ~1/4 of the target's bytes per token. Verification stays full precision, so the
-output is the target's, whatever the drafter proposes.
+scales, fp32 activations, the screening kernel) draft at about a quarter of the fp32 target's weight
+traffic and agree with it on almost every token. Paired with the int8 screening head
+(ScreenDraftHead) the drafter reads ~1/4 of the fp32 target's bytes per token. On the native backend
+the target's own blocks are already 4-8 bits, so an int8 copy reads more than the target does: it
+runs there for comparison, but it cannot pay. Verification stays with the target, so the output is
+the target's, whatever the drafter proposes.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
+from typing import Callable
 
 import torch
 
+from runtime.backends.target import DecoderTarget
 from runtime.drafters.layers import BackendDrafter
 from runtime.kernels import SKINNY_MAX_ROWS, screen_gemv
-from runtime.lean import LeanTarget, Projection
+from runtime.numerics import quantize_rows_int8
 
 
 class Int8Projection:
-    """x W^T + b with W rounded to int8 per row (scale = max |W_i| / 127); long prompts use W itself."""
+    """x W^T + b with W rounded to int8 per row; long prompts use the original projection."""
 
-    def __init__(self, dense: Projection) -> None:
-        weight = dense.weight.float()  # [out, in]
-        scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127  # [out]
-        self.qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [out, in]
+    def __init__(self, original: Callable) -> None:
+        self.qweight, scales = quantize_rows_int8(original.dense().float())  # [out, in] int8, [out]
         self.scales = scales[:, None].contiguous()  # [out, 1]
-        self.bias = dense.bias
-        # A prompt's worth of rows is compute-bound in the GEMV kernel; the dense weights are faster there.
-        self.dense = dense
+        self.bias = original.bias
+        # A prompt's worth of rows is compute-bound in the GEMV kernel; the original weights are faster there.
+        self.original = original
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > SKINNY_MAX_ROWS:
-            return self.dense(x)
+            return self.original(x)
         y = screen_gemv(self.qweight, self.scales, x)  # [T, out]
         return y + self.bias if self.bias is not None else y
 
+    def dense(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales
 
-def _quantizable(projection: Projection) -> bool:
-    return projection.weight.shape[1] % 16 == 0  # the kernel's vector width
 
+def int8_copy(target: DecoderTarget) -> DecoderTarget:
+    """The target over a decoder whose projections are int8 copies (embeddings, norms, rotary shared)."""
+    def transform(name: str, index: int, projection: Callable) -> Callable:
+        quantizable = projection.dense().shape[1] % 16 == 0  # the kernel's vector width
+        return Int8Projection(projection) if quantizable else projection
 
-def int8_copy(target: LeanTarget) -> LeanTarget:
-    """A LeanTarget sharing the target's embeddings, norms and rotary tables, with int8 projections."""
-    clone = copy.copy(target)
-    clone.layers = [
-        dataclasses.replace(
-            layer,
-            **{
-                name: Int8Projection(getattr(layer, name))
-                for name in ("qkv", "o", "gate_up", "down")
-                if _quantizable(getattr(layer, name))
-            },
-        )
-        for layer in target.layers
-    ]
-    return clone
+    return target.with_decoder(target.decoder.map_projections(transform))
 
 
 class Int8Drafter(BackendDrafter):
-    """Drafts with int8_copy(target) and its own head, keeping its own lean KV cache (see BackendDrafter)."""
+    """Drafts with int8_copy(target) and its own head, keeping its own KV cache (see BackendDrafter)."""
 
     def __init__(self, target, head) -> None:
-        if not isinstance(target, LeanTarget):
-            raise ValueError("the int8 drafter runs on the lean backend; use --backend auto or lean")
-        self.backend = int8_copy(target)
-        super().__init__(target.body, head)
+        if not isinstance(target, DecoderTarget):
+            raise ValueError("the int8 drafter runs on the lean or native backend; use --backend auto, lean or native")
+        super().__init__(int8_copy(target), head)

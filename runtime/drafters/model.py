@@ -10,19 +10,16 @@ from __future__ import annotations
 import torch
 
 from artifacts.fingerprint import ModelInfo
-from runtime.drafters.layers import DecoderDrafter
+from runtime.drafters.layers import BackendDrafter
 from runtime.heads import FullHead
 
 
-def head_in_target_space(model: torch.nn.Module, vocab_size: int) -> FullHead:
+def head_in_target_space(weight: torch.Tensor, bias: torch.Tensor | None, vocab_size: int) -> FullHead:
     """The drafter model's LM head with exactly the target's `vocab_size` rows.
 
     Models of one family pad their heads differently past the tokenizer (Qwen2.5: 151936 rows for
     0.5B, 152064 for 7B): extra rows are dropped, missing ones get bias -inf so they are never drafted.
     """
-    head = model.get_output_embeddings()
-    weight = head.weight.detach()  # [V', d]
-    bias = head.bias.detach() if getattr(head, "bias", None) is not None else None  # [V'] or None
     rows = weight.shape[0]
     if rows >= vocab_size:
         return FullHead(weight[:vocab_size], None if bias is None else bias[:vocab_size])
@@ -42,20 +39,26 @@ def check_same_tokenizer(drafter: ModelInfo, target: ModelInfo) -> None:
         )
 
 
-class ModelDrafter(DecoderDrafter):
-    """Drafts with a separate causal LM: its decoder, its KV cache and its full head (see DecoderDrafter)."""
+class ModelDrafter(BackendDrafter):
+    """Drafts with a separate causal LM: its backend, its KV cache and its full head (see BackendDrafter).
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
-        super().__init__(model.eval().get_decoder(), head_in_target_space(model, vocab_size))
+    backend: the drafter model on the lean backend (transformers' for other architectures), whose
+    fp32 head can be cut or padded to the target's rows.
+    """
+
+    def __init__(self, backend, vocab_size: int) -> None:
+        super().__init__(backend, head_in_target_space(backend.head_weight, backend.head_bias, vocab_size))
 
 
 def load_model_drafter(spec: str, target: ModelInfo, vocab_size: int, progress: bool = True) -> ModelDrafter:
     """Load the model `spec` (a packaged name, HF directory or .gguf) and draft with it for a target
     whose model is `target` and whose head has `vocab_size` rows; refuses another tokenizer."""
+    from runtime.backends import SUPPORTED_TYPES, make_target
     from runtime.models import load_model
 
     if not spec:
         raise ValueError("model: needs a model, e.g. model:path/to/smaller-model or model:file.gguf")
     loaded = load_model(spec, progress=progress)
     check_same_tokenizer(loaded.info, target)
-    return ModelDrafter(loaded.model, vocab_size)
+    kind = "lean" if loaded.config.model_type in SUPPORTED_TYPES else "transformers"
+    return ModelDrafter(make_target(kind, config=loaded.config, eos_token_ids=set(), model=loaded.model), vocab_size)

@@ -1,0 +1,106 @@
+"""TargetModel: the backend protocol the decoding loops run on, and the one KV cache with rollback by length.
+
+A backend turns tokens into final-normed hidden states [T, d] and keeps its own KV cache; the LM
+head lives apart (runtime.heads) so the loops can swap a full head for a certified one. Rollback
+is cropping the cache to a length. Backends are siblings behind this protocol:
+
+- `transformers` (runtime.backends.hf): transformers' own forward, any architecture it knows;
+- `lean` (runtime.backends.lean): the decoder ladder (runtime.backends.decoder) over fp32 weights;
+- `native` (runtime.backends.native): the same ladder over the GGUF file's own quantized blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+INITIAL_CAPACITY = 512
+
+
+class KVCache:
+    """Preallocated per-layer K/V buffers [KV, capacity, hd]; the first `length` tokens are valid.
+
+    Rolling back is lowering `length`: the buffers stay allocated and later writes overwrite them.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = INITIAL_CAPACITY):
+        self.keys = [torch.zeros(kv_heads, capacity, head_dim, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros(kv_heads, capacity, head_dim, dtype=dtype) for _ in range(layers)]
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[1]
+
+    def reserve(self, length: int) -> None:
+        """Grow every buffer (doubling) so that `length` tokens fit."""
+        if length <= self.capacity:
+            return
+        capacity = self.capacity
+        while capacity < length:
+            capacity *= 2
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros(old.shape[0], capacity, old.shape[2])
+                new[:, : self.length] = old[:, : self.length]
+                buffers[i] = new
+
+    def crop(self, length: int) -> None:
+        """Forget everything after the first `length` tokens."""
+        self.length = min(self.length, length)
+
+
+class TargetModel(Protocol):
+    """A causal LM as the decoding loops see it."""
+
+    name: str  # the backend's name in reports: transformers | lean | native
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    head_weight: object  # [V, d]: a float32 tensor or a runtime.kernels QuantMatrix
+    head_bias: torch.Tensor | None  # [V]
+    eos_token_ids: frozenset[int]
+
+    def new_cache(self): ...
+
+    def forward(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+        """Append tokens [T] to the cache and return their final-normed hidden states [T, d]."""
+        ...
+
+    def crop(self, cache, length: int) -> None:
+        """Drop everything after the first `length` cached tokens."""
+        ...
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input-embedding table's rows [k, d] for ids [k], as stored (no embedding scale)."""
+        ...
+
+    def truncated(self, layers: int) -> "TargetModel":
+        """The same backend running only the first `layers` decoder layers (shared weights, own cache)."""
+        ...
+
+
+def check_truncation(layers: int, total: int) -> None:
+    """Refuse a layer count a truncated copy cannot have."""
+    if not 1 <= layers < total:
+        raise ValueError(f"layers:N needs 1 <= N < {total} (the target's layer count), got {layers}")
+
+
+def eos_ids(config, generation_config, tokenizer) -> set[int]:
+    """End-of-sequence ids from the generation config, model config and tokenizer."""
+    ids: set[int] = set()
+    for source in (generation_config, config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    vocab = tokenizer.get_vocab()
+    for token in ("<end_of_turn>", "<|im_end|>", "<|endoftext|>"):
+        if token in vocab:
+            ids.add(int(tokenizer.convert_tokens_to_ids(token)))
+    return ids

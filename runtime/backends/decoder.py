@@ -1,0 +1,240 @@
+"""The decoder ladder shared by the lean and native backends: one forward, two ways to hold weights.
+
+A gemma3 / qwen2 / llama decoder as a ladder of plain tensor ops: fused q/k/v and gate/up
+projections, one preallocated KV buffer per layer (rollback = lowering the length), rotary tables
+computed once by the model's own rotary module, and SDPA with an explicit mask only when one is
+needed. Norms and activations are transformers' own modules. Every projection is a callable
+[T, in] -> [T, out]: `runtime.kernels.linear` over fp32 weights (lean) or over the GGUF's blocks
+(native). Both sum each output in the same order (runtime/kernels), so the two backends give
+bit-identical hidden states, and for T <= 16 each row gets the value a one-token step gives it
+(batch invariance: a verify forward scores every position exactly as plain decoding would).
+
+Long prompts are fed in chunks of PREFILL_CHUNK tokens, so the attention scores and mask of a
+prefill stay [H, C, K] and [C, K] with C <= PREFILL_CHUNK, whatever the prompt length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from runtime.backends.base import INITIAL_CAPACITY, KVCache, check_truncation
+from runtime.kernels import SKINNY_MAX_ROWS, linear
+
+SUPPORTED_TYPES = ("gemma3_text", "qwen2", "llama")
+PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the [H, C, K] attention scores
+
+
+class UnsupportedModel(ValueError):
+    """The decoder ladder does not implement this architecture."""
+
+
+@dataclass
+class Projection:
+    """y = x W^T + b through runtime.kernels.linear (W: fp32 [out, in] or a QuantMatrix)."""
+
+    weight: object  # [out, in]
+    bias: torch.Tensor | None = None  # [out]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)  # [T, out]
+
+    def dense(self) -> torch.Tensor:
+        """The fp32 weight [out, in] (what a drafter's int8 or low-rank copy is made from)."""
+        return self.weight
+
+
+@dataclass
+class DecoderLayer:
+    """One decoder layer's projections and modules, arranged for the ladder."""
+
+    input_norm: torch.nn.Module
+    # Projections: callables [T, in] -> [T, out] with `.bias` and `.dense()` (the fp32 weight).
+    qkv: Callable  # d -> (H + 2 KV) hd
+    q_norm: torch.nn.Module | None  # per-head RMSNorm (gemma3)
+    k_norm: torch.nn.Module | None
+    o: Callable  # H hd -> d
+    post_attention_norm: torch.nn.Module | None  # gemma3: normalizes the attention output
+    pre_mlp_norm: torch.nn.Module
+    post_mlp_norm: torch.nn.Module | None  # gemma3: normalizes the MLP output
+    gate_up: Callable  # d -> 2 F
+    down: Callable  # F -> d
+    activation: torch.nn.Module
+    scaling: float
+    window: int | None  # sliding-window length, None for full attention
+    rope: str  # key into the rotary tables
+
+
+def layer_type(config, index: int) -> str:
+    """The attention kind of decoder layer `index` (sliding_attention / full_attention)."""
+    types = getattr(config, "layer_types", None)
+    return types[index] if types else "full_attention"
+
+
+def check_supported(config) -> None:
+    """UnsupportedModel unless the ladder implements this configuration."""
+    if config.model_type not in SUPPORTED_TYPES:
+        raise UnsupportedModel(
+            f"the lean and native backends support {', '.join(SUPPORTED_TYPES)}, not {config.model_type!r}; "
+            "use --backend transformers"
+        )
+    if getattr(config, "attn_logit_softcapping", None):
+        raise UnsupportedModel("attention logit soft-capping is not supported by the lean backend; use --backend transformers")
+    if getattr(config, "final_logit_softcapping", None):
+        raise UnsupportedModel("final logit soft-capping is not supported (gemma2); use gemma3, qwen2 or llama")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _attention_mask(start: int, queries: int, keys_from: int, keys_to: int, window: int | None) -> torch.Tensor | None:
+    """Boolean mask [queries, keys] for queries at positions start.. over keys keys_from..keys_to-1.
+
+    None when every query may see every key (one query and no window cut), so SDPA takes its
+    unmasked path.
+    """
+    q_pos = torch.arange(start, start + queries).unsqueeze(1)  # [n, 1]
+    k_pos = torch.arange(keys_from, keys_to).unsqueeze(0)  # [1, K]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= q_pos - k_pos < window
+    return None if bool(allowed.all()) else allowed
+
+
+class Decoder:
+    """The ladder: embed -> layers -> final norm, over a KVCache."""
+
+    def __init__(
+        self,
+        config,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        layers: list[DecoderLayer],
+        norm: torch.nn.Module,
+        rotary: torch.nn.Module,
+        head_dim: int,
+    ) -> None:
+        self.config = config
+        self.embed = embed  # ids [T] -> [T, d], embedding scale included
+        self.layers = layers
+        self.norm = norm
+        self.rotary = rotary
+        self.head_dim = head_dim
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.dtype = torch.float32
+        self._rotary: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (cos, sin) [P, hd]
+        self._extend_rotary(INITIAL_CAPACITY)
+
+    def _extend_rotary(self, positions: int) -> None:
+        """Rotary cos/sin tables [positions, hd] from the model's own rotary module, per layer type."""
+        ids = torch.arange(positions).unsqueeze(0)  # [1, P]
+        probe = torch.zeros(1, dtype=self.dtype)
+        per_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        with torch.inference_mode():
+            for kind in {layer.rope for layer in self.layers}:
+                cos, sin = self.rotary(probe, ids, kind) if per_type else self.rotary(probe, ids)
+                self._rotary[kind] = (cos[0], sin[0])
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
+
+    def crop(self, cache: KVCache, length: int) -> None:
+        """Roll back by forgetting everything after `length` tokens (the buffers stay allocated)."""
+        cache.crop(length)
+
+    def truncated(self, layers: int) -> "Decoder":
+        """A copy running only the first `layers` layers (weights, norm and rotary tables shared)."""
+        check_truncation(layers, len(self.layers))
+        return self.with_layers(self.layers[:layers])
+
+    def with_layers(self, layers: list[DecoderLayer]) -> "Decoder":
+        """A copy with other layers (transformed projections), sharing everything else."""
+        clone = object.__new__(Decoder)
+        clone.__dict__.update(self.__dict__)
+        clone.layers = layers
+        return clone
+
+    def map_projections(self, transform: Callable[[str, int, Callable], Callable]) -> "Decoder":
+        """A copy whose projection `name` of layer `index` is transform(name, index, projection)."""
+        return self.with_layers([
+            dataclasses.replace(layer, **{name: transform(name, index, getattr(layer, name)) for name in PROJECTIONS})
+            for index, layer in enumerate(self.layers)
+        ])
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Append tokens [T] to the cache and return final-normed hidden states [T, d]."""
+        tokens = tokens.view(-1)
+        if tokens.numel() > PREFILL_CHUNK:
+            return torch.cat([self.forward(chunk, cache) for chunk in tokens.split(PREFILL_CHUNK)])
+        start, count = cache.length, tokens.numel()
+        cache.reserve(start + count)
+        if start + count > self._rotary[self.layers[0].rope][0].shape[0]:
+            self._extend_rotary(cache.capacity)
+        x = self.embed(tokens)  # [T, d]
+        for index, layer in enumerate(self.layers):
+            x = self._layer(layer, x, cache, index, start)
+        cache.length = start + count
+        return self.norm(x)
+
+    def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, start: int) -> torch.Tensor:
+        """One decoder layer over x [T, d] at positions start.. ; returns the new residual [T, d]."""
+        attended = self._attention(layer, layer.input_norm(x), cache, index, start)  # [T, d]
+        if layer.post_attention_norm is not None:
+            attended = layer.post_attention_norm(attended)
+        x = x + attended
+        gate, up = layer.gate_up(layer.pre_mlp_norm(x)).chunk(2, dim=-1)  # [T, F] each
+        mlp = layer.down(layer.activation(gate) * up)  # [T, d]
+        if layer.post_mlp_norm is not None:
+            mlp = layer.post_mlp_norm(mlp)
+        return x + mlp
+
+    def _attention(self, layer: DecoderLayer, h: torch.Tensor, cache: KVCache, index: int, start: int) -> torch.Tensor:
+        """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache."""
+        count, hd, heads, kv = h.shape[0], self.head_dim, self.num_heads, self.kv_heads
+        qkv = layer.qkv(h)  # [T, (H + 2 KV) hd]
+        q, k, v = qkv.view(count, heads + 2 * kv, hd).split((heads, kv, kv), dim=1)  # [T, *, hd]
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        cos, sin = (table[start : start + count].unsqueeze(1) for table in self._rotary[layer.rope])  # [T, 1, hd]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        end = start + count
+        cache.keys[index][:, start:end] = k.transpose(0, 1)
+        cache.values[index][:, start:end] = v.transpose(0, 1)
+        if count <= SKINNY_MAX_ROWS:
+            # One SDPA call per query over exactly the keys it sees, as a one-token step makes it:
+            # batched calls block their sums by the query count and would break batch invariance.
+            rows = [self._attend(layer, q[i : i + 1], cache, index, start + i) for i in range(count)]
+            out = torch.cat(rows, dim=2) if count > 1 else rows[0]  # [1, H, T, hd]
+        else:
+            first = max(0, start + 1 - layer.window) if layer.window else 0  # older keys are outside every query's window
+            out = self._sdpa(layer, q, cache, index, first, end, _attention_mask(start, count, first, end, layer.window))
+        return layer.o(out[0].transpose(0, 1).reshape(count, heads * hd))
+
+    def _attend(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, position: int) -> torch.Tensor:
+        """Attention of one query q [1, H, hd] at `position` over the cached keys it may see: [1, H, 1, hd]."""
+        first = max(0, position + 1 - layer.window) if layer.window else 0
+        return self._sdpa(layer, q, cache, index, first, position + 1, None)
+
+    def _sdpa(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, first: int, end: int,
+              mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA of queries q [T, H, hd] over cached keys first..end-1: [1, H, T, hd]."""
+        return F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, H, T, hd]
+            cache.keys[index][:, first:end].unsqueeze(0),  # [1, KV, K, hd]
+            cache.values[index][:, first:end].unsqueeze(0),
+            attn_mask=mask,
+            scale=layer.scaling,
+            enable_gqa=self.num_heads != self.kv_heads,
+        )
+
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down")

@@ -1,0 +1,197 @@
+"""The native backend: the decoder ladder over the GGUF file's own quantized blocks.
+
+The fp32 weights the lean backend runs are gguf-py's `dequantize` of the file's blocks
+(transformers' GGUF loader). The native backend memory-maps the same file and its kernels
+(runtime.kernels) dequantize each block in registers to exactly those fp32 values and sum every
+output in the lean kernel's order, so hidden states are bit-identical to the lean backend's while
+a decode step reads the file's ~0.6-1.1 bytes per weight instead of 4. No fp32 copy of the
+weights is held: only norms and biases (F32 tensors, a few KB per layer) are materialized.
+
+What transformers does to GGUF tensors is repeated here: gemma's norm weights are stored as
+w + 1 (subtracted back), llama's q/k rows are stored permuted for llama.cpp's rotary layout (the
+outputs are gathered back into transformers' order: same values, no weight copy), and q/k/v and
+gate/up stay separate matrices whose outputs are concatenated (the lean backend fuses them; each
+output is the same dot product either way).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from runtime.backends.decoder import Decoder, DecoderLayer, UnsupportedModel, check_supported, layer_type
+from runtime.backends.gguf_file import GGUFError, GGUFFile
+from runtime.backends.target import DecoderTarget
+from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, linear
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES
+
+
+class NativeProjection:
+    """y = x Wᵀ + b over one or more GGUF matrices whose outputs are concatenated (q/k/v, gate/up).
+
+    parts: (matrix [out_i, in], row order or None); a row order gathers the matrix's outputs into
+    transformers' order. For up to SKINNY_MAX_ROWS rows each part goes through the skinny block
+    kernel (bit-identical to the lean kernel on the dequantized rows); longer inputs (prefill
+    chunks) dequantize the parts and take the same torch call as the lean backend does.
+    """
+
+    def __init__(self, parts: list[tuple[QuantMatrix, torch.Tensor | None]], bias: torch.Tensor | None = None) -> None:
+        self.parts = parts
+        self.bias = bias  # [out]
+
+    def dense(self) -> torch.Tensor:
+        """The fp32 weight [out, in] the lean backend holds for this projection."""
+        rows = [dequantize(w) if order is None else dequantize(w)[order] for w, order in self.parts]
+        return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > SKINNY_MAX_ROWS:
+            return F.linear(x, self.dense(), self.bias)
+        outs = [linear(x, w) if order is None else linear(x, w)[:, order] for w, order in self.parts]  # [T, out_i]
+        out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+        return out.add_(self.bias) if self.bias is not None else out
+
+
+class GGUFTensors:
+    """The tensors of a memory-mapped GGUF file by name (zero-copy torch views)."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGMLQuantizationType
+
+        self.path = path
+        try:
+            self.file = GGUFFile(path)
+        except GGUFError as exc:
+            raise UnsupportedModel(str(exc)) from exc
+        self.types = {name: info.ggml_type for name, info in self.file.tensors.items()}
+        unsupported = sorted({t for t in self.types.values() if t not in SUPPORTED_GGML_TYPES})
+        if unsupported:
+            names = ", ".join(GGMLQuantizationType(t).name if t in GGMLQuantizationType._value2member_map_ else str(t) for t in unsupported)
+            raise UnsupportedModel(f"{path.name} holds tensor type(s) {names}, which the native backend does not read; use --backend lean")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.types
+
+    def matrix(self, name: str) -> QuantMatrix:
+        """A 2-D tensor as a QuantMatrix over the mapped bytes [rows, row_bytes]."""
+        cols, rows = self.file.tensors[name].dims
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns that the read-only map is not writable
+            data = torch.from_numpy(self.file.array(name))  # [rows, row_bytes] uint8
+        return QuantMatrix(data, self.types[name], int(rows), int(cols))
+
+    def vector(self, name: str) -> torch.Tensor | None:
+        """A 1-D F32 tensor (norm weight, bias) copied into memory, or None when the file lacks it."""
+        if name not in self.types:
+            return None
+        if self.types[name] != 0:  # GGML F32
+            raise UnsupportedModel(f"{self.path.name}: {name} is not stored as F32; use --backend lean")
+        return torch.from_numpy(self.file.array(name).copy().view(np.float32).reshape(-1))
+
+
+def _rope_order(rows: int, heads: int) -> torch.Tensor:
+    """Row order undoing llama.cpp's q/k permutation (transformers' _reverse_permute_weights)."""
+    return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def _module(template: torch.nn.Module, weight: torch.Tensor | None) -> torch.nn.Module:
+    """A CPU copy of a meta-device module (a norm) holding `weight`."""
+    module = copy.deepcopy(template).to_empty(device="cpu")
+    if weight is not None:
+        with torch.no_grad():
+            module.weight.copy_(weight)
+    return module.eval()
+
+
+class _Builder:
+    """Builds the ladder of one GGUF file against a meta-device skeleton of the transformers model."""
+
+    def __init__(self, tensors: GGUFTensors, config) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.tensors, self.config = tensors, config
+        self.gemma = config.model_type.startswith("gemma")
+        self.permuted = config.model_type == "llama"
+        with torch.device("meta"):
+            self.skeleton = AutoModelForCausalLM.from_config(config)
+        self.body = self.skeleton.get_decoder()
+
+    def norm(self, template: torch.nn.Module, name: str) -> torch.nn.Module:
+        weight = self.tensors.vector(name)
+        if weight is None:
+            raise UnsupportedModel(f"{self.tensors.path.name} has no tensor {name}; use --backend lean")
+        return _module(template, weight - 1 if self.gemma else weight)  # transformers' Gemma2TensorProcessor
+
+    def projection(self, names: list[str], heads: list[int | None], bias: bool = False) -> NativeProjection:
+        parts = []
+        for name, count in zip(names, heads):
+            matrix = self.tensors.matrix(f"{name}.weight")
+            order = _rope_order(matrix.rows, count) if self.permuted and count else None
+            parts.append((matrix, order))
+        biases = [self.tensors.vector(f"{name}.bias") for name in names] if bias else []
+        if biases and any(b is None for b in biases):
+            raise UnsupportedModel("q/k/v projections with partial biases are not supported; use --backend transformers")
+        return NativeProjection(parts, torch.cat(biases) if biases else None)
+
+    def layer(self, index: int) -> DecoderLayer:
+        hf, blk, config = self.body.layers[index], f"blk.{index}", self.config
+        attn = hf.self_attn
+        kind = layer_type(config, index)
+        window = getattr(attn, "sliding_window", None) if kind == "sliding_attention" else None
+        heads, kv = config.num_attention_heads, config.num_key_value_heads
+        has_bias = f"{blk}.attn_q.bias" in self.tensors
+        return DecoderLayer(
+            input_norm=self.norm(hf.input_layernorm, f"{blk}.attn_norm.weight"),
+            qkv=self.projection([f"{blk}.attn_q", f"{blk}.attn_k", f"{blk}.attn_v"], [heads, kv, None], bias=has_bias),
+            q_norm=self.norm(attn.q_norm, f"{blk}.attn_q_norm.weight") if self.gemma else None,
+            k_norm=self.norm(attn.k_norm, f"{blk}.attn_k_norm.weight") if self.gemma else None,
+            o=self.projection([f"{blk}.attn_output"], [None], bias=f"{blk}.attn_output.bias" in self.tensors),
+            post_attention_norm=self.norm(hf.post_attention_layernorm, f"{blk}.post_attention_norm.weight") if self.gemma else None,
+            pre_mlp_norm=self.norm(hf.pre_feedforward_layernorm if self.gemma else hf.post_attention_layernorm, f"{blk}.ffn_norm.weight"),
+            post_mlp_norm=self.norm(hf.post_feedforward_layernorm, f"{blk}.post_ffw_norm.weight") if self.gemma else None,
+            gate_up=self.projection([f"{blk}.ffn_gate", f"{blk}.ffn_up"], [None, None]),
+            down=self.projection([f"{blk}.ffn_down"], [None]),
+            activation=copy.deepcopy(hf.mlp.act_fn),
+            scaling=float(attn.scaling),
+            window=int(window) if window else None,
+            rope=kind,
+        )
+
+    def embed(self, table: QuantMatrix):
+        """ids [T] -> rows [T, d], scaled as transformers' embedding module scales them (gemma: sqrt(d))."""
+        from runtime.kernels import take_rows
+
+        scalar = getattr(self.body.embed_tokens, "scalar_embed_scale", None)
+        scale = torch.tensor(scalar) if scalar is not None else None  # a float32 0-d tensor, as transformers builds it
+
+        def embed(ids: torch.Tensor) -> torch.Tensor:
+            rows = take_rows(table, ids)  # [T, d]
+            return rows * scale if scale is not None else rows
+
+        return embed
+
+    def decoder(self, table: QuantMatrix) -> Decoder:
+        rotary = type(self.body.rotary_emb)(config=self.config)  # real tables on the CPU, not meta
+        layers = [self.layer(i) for i in range(self.config.num_hidden_layers)]
+        norm = self.norm(self.body.norm, "output_norm.weight")
+        return Decoder(self.config, self.embed(table), layers, norm, rotary, self.body.layers[0].self_attn.head_dim)
+
+
+def native_target(gguf_path: str | Path, config, eos_token_ids: set[int] | frozenset[int]) -> DecoderTarget:
+    """TargetModel over a GGUF file's blocks (memory-mapped), bit-identical to the lean backend.
+
+    UnsupportedModel (one line, naming `--backend lean`) for an architecture the ladder lacks or a
+    tensor type the kernels do not read.
+    """
+    check_supported(config)
+    tensors = GGUFTensors(Path(gguf_path))
+    torch.set_flush_denormal(True)  # as the lean backend, so both treat subnormal weights alike
+    table = tensors.matrix("token_embd.weight")
+    head = tensors.matrix("output.weight") if "output.weight" in tensors else table
+    builder = _Builder(tensors, config)
+    return DecoderTarget("native", builder.decoder(table), table, head, tensors.vector("output.bias"), eos_token_ids)
