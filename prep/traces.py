@@ -17,9 +17,7 @@ atomically (temporary sibling, fsync, rename).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -29,6 +27,7 @@ import safetensors.torch
 import torch
 from tqdm import tqdm
 
+from artifacts.atomic import atomic_write
 from runtime.data import SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file, sharegpt_conversations, split_of
 from runtime.target import TorchTarget
 
@@ -168,23 +167,8 @@ def run_shard(target: TorchTarget, plan: ShardPlan, drafter_layers: list[int], b
     return tensors
 
 
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp_path) into a temporary sibling, fsync it, rename it over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; traces are ordinary data files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_index(out: Path, index: dict) -> None:
-    _atomic_write(out / INDEX_FILE, lambda tmp: Path(tmp).write_text(json.dumps(index, indent=1) + "\n"))
+    atomic_write(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
 
 
 def read_index(out: Path) -> dict:
@@ -245,7 +229,7 @@ def build_traces(
             bar.update(plan.tokens)
         else:
             tensors = run_shard(target, plan, settings["drafter_layers"], bar)
-            _atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, tmp))
+            atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp)))
         index["shards"].append(entry)
         write_index(out, index)  # after every shard, so an interrupted run resumes here
     bar.close()
