@@ -1,60 +1,37 @@
-"""Compiled CPU kernels, built on first use, with a pure-torch fallback."""
+"""Compiled CPU kernels, built on first use, with a pure-torch fallback.
+
+`linear(x, W)` takes W as an fp32 tensor or as a `QuantMatrix` (a GGUF weight in its own blocks):
+for a few rows of x both sum every output in one order (gemm.h), so `linear(x, q)` is
+torch.equal to `linear(x, dequantize(q))`. The compiled path is chosen in `build.py`.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
-from functools import lru_cache
-from pathlib import Path
-
 import torch
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("int8_gemv.cpp", "skinny_gemm.cpp")]
+from runtime.kernels.build import active
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, take_rows
+
 SKINNY_MAX_ROWS = 16  # beyond this many rows, a packed GEMM (torch's) is faster than streaming
 
 
-@lru_cache(maxsize=1)
-def _extension():
-    """Build (once, cached by torch under ~/.cache/torch_extensions) and load the AVX-512 kernels."""
-    if os.environ.get("SPECVOCAB_NO_EXTENSION") or not _cpu_has_avx512():
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        print("specvocab: loading the CPU kernels (the first use compiles them, ~1 min)", file=sys.stderr)
-        return load(
-            name="specvocab_int8_gemv",
-            sources=[str(source) for source in _SOURCES],
-            extra_include_paths=[str(_SOURCES[0].parent)],  # simd.h; torch also rebuilds when it changes
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp"],
-            verbose=False,
-        )
-    except Exception as exc:  # a missing compiler must not stop decoding, only slow it
-        warnings.warn(f"CPU kernels unavailable ({exc}); using the slower torch fallbacks")
-        return None
-
-
-def _cpu_has_avx512() -> bool:
-    try:
-        return "avx512bw" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 def kernel_name() -> str:
-    """Which implementation `screen_gemv` runs: 'avx512' or 'torch'."""
-    return "avx512" if _extension() is not None else "torch"
+    """The kernel path in use: 'avx512', 'avx2', 'portable' (compiled, bit-identical) or 'torch'."""
+    return active()[0]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b for x [n, d], weight [out, d]: the streaming kernel for a few fp32 rows, else torch's.
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b for x [n, d], weight [out, d] (fp32 or a QuantMatrix): the streaming kernel for a few rows.
 
     For n <= SKINNY_MAX_ROWS the kernel reads each weight row once for all rows of x and sums every
     output in the same order whatever n is, so a verify forward over n tokens costs about one
-    weight read and gives each position the value a 1-token step would.
+    weight read and gives each position the value a 1-token step would. A QuantMatrix always takes
+    the kernel (any n; see quant_linear); an fp32 weight with more rows takes torch's GEMM.
     """
-    ext = _extension()
+    if isinstance(weight, QuantMatrix):
+        out = quant_linear(x, weight)  # [n, out]
+        return out.add_(bias) if bias is not None else out
+    _, ext = active()
     if (
         ext is None
         or x.dim() != 2
@@ -75,8 +52,8 @@ def screen_gemv(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tenso
     qweight: [V, d] int8, scales: [V, G] float32 (G groups per row), hidden: [B, d] float32.
     Returns [B, V] float32: sum over groups of scale * <q_group, h_group>.
     """
-    ext = _extension()
-    if ext is not None:
+    ext = active()[1]
+    if ext is not None and hasattr(ext, "screen_gemv"):  # the AVX-512 path only
         return ext.screen_gemv(qweight, scales, hidden.float())
     return _screen_gemv_torch(qweight, scales, hidden.float())
 
@@ -109,8 +86,8 @@ def screen_select(
     bounds are divided by the temperature (when > 0) and shifted by the noise.
     """
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
-    ext = _extension()
-    if ext is not None:
+    ext = active()[1]
+    if ext is not None and hasattr(ext, "screen_select"):  # the AVX-512 path only
         empty = torch.empty(0, dtype=torch.float32)
         return ext.screen_select(center, coefficients, hidden_norm, slack, inv_t, empty if noise is None else noise, k)
     base = coefficients * hidden_norm
@@ -119,3 +96,17 @@ def screen_select(
     if noise is not None:
         lower, upper = lower + noise, upper + noise
     return torch.nonzero(upper >= torch.topk(lower, k).values[-1]).flatten()
+
+
+__all__ = [
+    "SKINNY_MAX_ROWS",
+    "SUPPORTED_GGML_TYPES",
+    "QuantMatrix",
+    "dequantize",
+    "kernel_name",
+    "linear",
+    "quant_linear",
+    "screen_gemv",
+    "screen_select",
+    "take_rows",
+]

@@ -1,14 +1,18 @@
-// Screening kernels for the certified LM head (CPU, AVX-512).
+// Screening kernels for the certified LM head (CPU, AVX-512 only; other paths use the torch fallback).
 //
 // screen_gemv:   y[b, i] = sum_g scales[i, g] * <q[i, g-th group], h[b, g-th group]>, fp32 activations.
 //                Weights are the int8 screening copy of the head; activations stay fp32 so the only
 //                approximation is the weight quantization, which the caller bounds per row.
 // screen_select: the candidates of one row: every i whose upper bound reaches the k-th best lower bound.
+// Built into the AVX-512 module, whose flags turn off FMA contraction for the exact GEMM; this file
+// keeps GCC's default contraction so its results stay what they were before the per-ISA split.
+#pragma GCC optimize("fp-contract=fast")
+
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include "simd.h"
+#include "simd_avx512.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,7 +23,7 @@
 
 namespace {
 
-using specvocab::tail_mask;
+using simd::tail_mask;
 
 constexpr int kRows = 4;  // rows per block: independent accumulators hide FMA latency
 constexpr int kPrefetchRows = 8;  // software prefetch this many rows ahead: ~2x on this CPU
@@ -261,12 +265,4 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
   auto out = torch::empty({count}, torch::kLong);
   std::copy(ids.get(), ids.get() + count, out.data_ptr<int64_t>());
   return out;
-}
-
-torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w);  // skinny_gemm.cpp
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("skinny_linear", &skinny_linear, "fp32 x @ w.T for a few rows of x, weights streamed once");
-  m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
-  m.def("screen_select", &screen_select, "candidate ids of one screened row");
 }

@@ -1,0 +1,140 @@
+"""Pick the compiled CPU kernel path this CPU can run, build it once, and load it.
+
+Three paths compute bit-identical results (one summation order, see gemm.h): `avx512`
+(AVX512F/BW + FMA + F16C), `avx2` (AVX2 + FMA + F16C) and `portable` (plain C++). Each is its
+own extension module, compiled with only its own instruction-set flags, so nothing built for
+AVX-512 can leak into the AVX2 path. The best path the CPU reports (/proc/cpuinfo) is used unless
+SPECVOCAB_KERNELS names one (avx512|avx2|portable|torch); `torch` means no compiled kernels.
+
+Builds are cached under torch's extension directory, keyed by a hash of the sources, flags, torch
+and Python versions; a cached build is imported directly (no compiler run, nothing printed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+ENV = "SPECVOCAB_KERNELS"
+PATHS = ("avx512", "avx2", "portable")  # best first
+CHOICES = (*PATHS, "torch")
+_HERE = Path(__file__).parent
+_SOURCES = {
+    "avx512": ("module_avx512.cpp", "screen_avx512.cpp"),
+    "avx2": ("module_avx2.cpp",),
+    "portable": ("module_portable.cpp",),
+}
+_ISA_FLAGS = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "portable": (),
+}
+_CPU_NEEDS = {
+    "avx512": frozenset({"avx512f", "avx512bw", "fma", "f16c"}),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "portable": frozenset(),
+}
+# -ffp-contract=off: GCC would otherwise fuse the intrinsics' d * q + m into one FMA, which rounds
+# differently from gguf-py's two float32 operations. -fopenmp: at::parallel_for's OpenMP pragmas.
+_COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this CPU (first `flags` line of /proc/cpuinfo; empty if unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def missing_cpu_flags(path: str) -> list[str]:
+    """The CPU flags `path` needs that this CPU lacks (empty: it can run here)."""
+    return sorted(_CPU_NEEDS[path] - cpu_flags())
+
+
+def runnable_paths() -> tuple[str, ...]:
+    """The compiled paths this CPU can run, best first (`portable` always)."""
+    return tuple(p for p in PATHS if not missing_cpu_flags(p))
+
+
+def _build_dir(path: str) -> tuple[str, Path]:
+    """Module name and its build directory, keyed by everything that changes the binary."""
+    digest = hashlib.sha256()
+    for source in sorted(_HERE.glob("*.cpp")) + sorted(_HERE.glob("*.h")):
+        digest.update(source.name.encode() + source.read_bytes())
+    digest.update(" ".join((*_ISA_FLAGS[path], *_COMMON_FLAGS, torch.__version__, sys.version)).encode())
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    name = f"specvocab_kernels_{path}"
+    return name, root / f"{name}-{digest.hexdigest()[:16]}"
+
+
+@lru_cache(maxsize=None)
+def module(path: str) -> ModuleType | None:
+    """The extension module of `path`, built on first use; None (with a warning) if it cannot be built."""
+    name, build_dir = _build_dir(path)
+    built, marker = build_dir / f"{name}.so", build_dir / "built.ok"  # marker: the .so is complete
+    try:
+        if not marker.exists():
+            from torch.utils.cpp_extension import load
+
+            print(f"specvocab: compiling the CPU kernels ({path}; once, ~1 min)", file=sys.stderr)
+            build_dir.mkdir(parents=True, exist_ok=True)
+            loaded = load(
+                name=name,
+                sources=[str(_HERE / s) for s in _SOURCES[path]],
+                extra_include_paths=[str(_HERE)],
+                extra_cflags=[*_ISA_FLAGS[path], *_COMMON_FLAGS],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+            marker.touch()
+            return loaded
+        spec = importlib.util.spec_from_file_location(name, built)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return loaded
+    except Exception as exc:  # a missing compiler must not stop decoding, only slow it
+        warnings.warn(f"CPU kernels ({path}) unavailable ({' '.join(str(exc).split())[:300]}); falling back")
+        return None
+
+
+def requested() -> str | None:
+    """The path SPECVOCAB_KERNELS names, or None; ValueError (one line) for a bad or unrunnable one."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if not value:
+        return None
+    if value not in CHOICES:
+        raise ValueError(f"{ENV}={value!r} is not a kernel path: use one of {', '.join(CHOICES)}")
+    if value != "torch" and missing_cpu_flags(value):
+        raise ValueError(
+            f"{ENV}={value}: this CPU lacks {', '.join(missing_cpu_flags(value))}; "
+            f"use one of {', '.join((*runnable_paths(), 'torch'))}"
+        )
+    return value
+
+
+@lru_cache(maxsize=1)
+def active() -> tuple[str, ModuleType | None]:
+    """(path name, module) in use: SPECVOCAB_KERNELS or the best runnable path that builds, else ('torch', None)."""
+    choice = requested()
+    if choice == "torch":
+        return "torch", None
+    for path in (choice,) if choice else runnable_paths():
+        loaded = module(path)
+        if loaded is not None:
+            return path, loaded
+    return "torch", None

@@ -1,0 +1,15 @@
+// The AVX-512 path (AVX512F/BW + FMA + F16C): the exact skinny GEMM over fp32 and ggml block
+// weights (gemm.h), plus the int8 screening kernels of the certified head (screen_avx512.cpp).
+#include "simd_avx512.h"
+#include "blocks.h"
+#include "gemm.h"
+
+torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h);  // screen_avx512.cpp
+torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, double slack, double inv_t,
+                            torch::Tensor noise, int64_t k);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  SPECVOCAB_DEFINE_GEMM(m);
+  m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
+  m.def("screen_select", &screen_select, "candidate ids of one screened row");
+}

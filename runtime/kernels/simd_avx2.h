@@ -1,0 +1,80 @@
+// 16-lane float / int32 vectors as pairs of 8-lane AVX2 registers (plus FMA, F16C): the AVX2 path.
+//
+// Same operations and rounding as simd_avx512.h, including its horizontal-sum tree, so results
+// are bit-identical to the AVX-512 path.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+namespace simd {
+
+constexpr const char* kPath = "avx2";
+constexpr int kMaxBatch = 3;  // activation rows per pass: 12 of the 16 ymm registers hold accumulators
+constexpr int kRows = 2;      // weight rows per block when n == 1
+
+struct V { __m256 lo, hi; };   // lanes 0..7, 8..15
+struct I { __m256i lo, hi; };
+
+inline V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+inline V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V load_partial(const float* p, int64_t n) {  // lanes >= n: +0
+  alignas(32) float buf[16] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n < 16 ? n : 16) * sizeof(float));
+  return load(buf);
+}
+inline void store(float* p, V a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+inline V add(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V sub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V mul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+// The AVX-512 path's tree (GCC's _mm512_reduce_add_ps): 8..15 + 0..7, 4 + 4, {2,3,0,1}, [0] + [1].
+inline float reduce(V a) {
+  const __m256 t3 = _mm256_add_ps(a.hi, a.lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+
+inline V to_float(I a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline I load_u8(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))};
+}
+inline I load_i8(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
+}
+inline I and_(I a, int m) { const __m256i v = _mm256_set1_epi32(m); return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)}; }
+inline I or_(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline I srl(I a, int s) { const __m128i c = _mm_cvtsi32_si128(s); return {_mm256_srl_epi32(a.lo, c), _mm256_srl_epi32(a.hi, c)}; }
+inline I shl(I a, int s) { const __m128i c = _mm_cvtsi32_si128(s); return {_mm256_sll_epi32(a.lo, c), _mm256_sll_epi32(a.hi, c)}; }
+inline I sub_(I a, int b) { const __m256i v = _mm256_set1_epi32(b); return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)}; }
+// Lane i is `value` where bit i of `bits` is set, else 0.
+inline I bits16(uint32_t bits, int value) {
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i v = _mm256_set1_epi32(value);
+  const __m256i lo = _mm256_set1_epi32(static_cast<int>(bits & 0xFFu)), hi = _mm256_set1_epi32(static_cast<int>((bits >> 8) & 0xFFu));
+  return {_mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(lo, lane_bit), lane_bit), v),
+          _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(hi, lane_bit), lane_bit), v)};
+}
+
+inline V load_f16(const uint8_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+inline V load_bf16(const uint8_t* p) {
+  const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+}
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }  // exact, like numpy's float16 -> float32
+
+inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+}  // namespace simd
+}  // namespace

@@ -1,0 +1,87 @@
+// 16-lane float / int32 "vectors" as plain arrays, std::fmaf for the fused multiply-add: the
+// portable path for CPUs without AVX2. Same operations, rounding and horizontal-sum tree as
+// simd_avx512.h, so results are bit-identical to the vector paths (build with -ffp-contract=off).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+namespace simd {
+
+constexpr const char* kPath = "portable";
+constexpr int kMaxBatch = 4;
+constexpr int kRows = 2;
+
+struct V { float v[16]; };
+struct I { int32_t v[16]; };
+
+#define SV_LANES for (int l = 0; l < 16; ++l)
+
+inline V zero() { V r; SV_LANES r.v[l] = 0.0f; return r; }
+inline V set1(float a) { V r; SV_LANES r.v[l] = a; return r; }
+inline V load(const float* p) { V r; std::memcpy(r.v, p, sizeof(r.v)); return r; }
+inline V load_partial(const float* p, int64_t n) {  // lanes >= n: +0
+  V r = zero();
+  std::memcpy(r.v, p, static_cast<size_t>(n < 16 ? n : 16) * sizeof(float));
+  return r;
+}
+inline void store(float* p, V a) { std::memcpy(p, a.v, sizeof(a.v)); }
+inline V add(V a, V b) { SV_LANES a.v[l] = a.v[l] + b.v[l]; return a; }
+inline V sub(V a, V b) { SV_LANES a.v[l] = a.v[l] - b.v[l]; return a; }
+inline V mul(V a, V b) { SV_LANES a.v[l] = a.v[l] * b.v[l]; return a; }
+inline V fma(V a, V b, V c) { SV_LANES c.v[l] = std::fmaf(a.v[l], b.v[l], c.v[l]); return c; }
+// GCC's _mm512_reduce_add_ps tree: lanes 8..15 + 0..7, then 4 + 4, then {2,3,0,1}, then [0] + [1].
+inline float reduce(V a) {
+  float t3[8], t6[4];
+  for (int l = 0; l < 8; ++l) t3[l] = a.v[l + 8] + a.v[l];
+  for (int l = 0; l < 4; ++l) t6[l] = t3[l + 4] + t3[l];
+  return (t6[0] + t6[2]) + (t6[1] + t6[3]);
+}
+
+inline V to_float(I a) { V r; SV_LANES r.v[l] = static_cast<float>(a.v[l]); return r; }
+inline I load_u8(const uint8_t* p) { I r; SV_LANES r.v[l] = p[l]; return r; }
+inline I load_i8(const uint8_t* p) { I r; SV_LANES r.v[l] = static_cast<int8_t>(p[l]); return r; }
+inline I and_(I a, int m) { SV_LANES a.v[l] &= m; return a; }
+inline I or_(I a, I b) { SV_LANES a.v[l] |= b.v[l]; return a; }
+inline I srl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) >> s); return a; }
+inline I shl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) << s); return a; }
+inline I sub_(I a, int b) { SV_LANES a.v[l] -= b; return a; }
+inline I bits16(uint32_t bits, int value) { I r; SV_LANES r.v[l] = (bits >> l) & 1u ? value : 0; return r; }
+
+// Exact IEEE half -> float (normals, subnormals, infinities; NaNs keep their payload).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: man * 2^-24 with its top bit at position p
+    const int p = 31 - __builtin_clz(man);
+    bits = sign | (static_cast<uint32_t>(p + 103) << 23) | ((man << (23 - p)) & 0x7FFFFFu);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline V load_f16(const uint8_t* p) {
+  V r;
+  SV_LANES { uint16_t h; std::memcpy(&h, p + 2 * l, 2); r.v[l] = half_to_float(h); }
+  return r;
+}
+inline V load_bf16(const uint8_t* p) {
+  V r;
+  SV_LANES { uint16_t h; std::memcpy(&h, p + 2 * l, 2); const uint32_t bits = static_cast<uint32_t>(h) << 16; std::memcpy(&r.v[l], &bits, 4); }
+  return r;
+}
+
+inline void prefetch(const uint8_t* p) { __builtin_prefetch(p); }
+
+#undef SV_LANES
+
+}  // namespace simd
+}  // namespace

@@ -1,0 +1,188 @@
+"""GGML block kernels: exact dequantization (bit for bit gguf-py's), and the skinny GEMM over blocks.
+
+Every claim is checked with torch.equal: `dequantize` / `take_rows` against `gguf.quants.dequantize`
+on random blocks and on the packaged GGUF files' own tensors; `linear(x, QuantMatrix)` against the
+fp32 kernel on the dequantized weight; every compiled path (avx512, avx2, portable) against the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_name, linear, take_rows
+from runtime.kernels import build
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch
+
+from conftest import USER_CACHE
+
+TYPES = [pytest.param(t, id=t.name) for t in SUPPORTED_GGML_TYPES]
+_HAS_MIN = (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)  # a second fp16 (min / dmin) at byte 2
+
+
+def random_matrix(t: T, rows: int, cols: int, seed: int = 0) -> QuantMatrix:
+    """Random bytes in type t with finite fp16 scales (elementwise types: random finite values)."""
+    rng = np.random.default_rng(seed)
+    if t == T.F32:
+        raw = rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint8)
+    elif t == T.F16:
+        raw = (rng.standard_normal((rows, cols)) * 4).astype(np.float16).view(np.uint8)
+    elif t == T.BF16:
+        raw = (rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        block, size = GGML_QUANT_SIZES[t]
+        raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+        for at in [208] if t == T.Q6_K else [0, 2] if t in _HAS_MIN else [0]:
+            scales = rng.uniform(-0.05, 0.05, size=(rows, cols // block)).astype(np.float16)
+            scales[0, 0] = np.float16(6e-8)  # a subnormal fp16 scale
+            raw[..., at : at + 2] = scales.view(np.uint8).reshape(rows, -1, 2)
+        raw = raw.reshape(rows, -1)
+    return QuantMatrix.from_numpy(np.ascontiguousarray(raw), t, rows, cols)
+
+
+def reference(w: QuantMatrix, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """gguf-py's dequantize of (rows `ids` of) w: [k, cols] float32."""
+    raw = w.data.numpy() if ids is None else w.data.numpy()[ids.numpy()]
+    return torch.from_numpy(gguf.quants.dequantize(raw, T(w.ggml_type)).reshape(raw.shape[0], w.cols).copy())
+
+
+def columns(t: T) -> int:
+    """A row length for t: not a multiple of 32 where the type allows it."""
+    return {32: 96, 256: 512}.get(GGML_QUANT_SIZES[t][0], 77)
+
+
+def compiled_module(path: str):
+    """The extension of `path`, skipping (with the reason) when this CPU cannot run it."""
+    missing = build.missing_cpu_flags(path)
+    if missing:
+        pytest.skip(f"this CPU cannot run the {path} kernels (lacks {', '.join(missing)})")
+    module = build.module(path)
+    if module is None:
+        pytest.fail(f"the {path} kernels did not build (see the warning)")
+    return module
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_dequantize_random_blocks_bit_identical_to_gguf(t: T) -> None:
+    w = random_matrix(t, 13, columns(t))
+    expected = reference(w)
+    ids = torch.tensor([12, 0, 5, 5])
+    assert torch.equal(dequantize(w), expected)
+    assert torch.equal(take_rows(w, ids), expected[ids])
+    assert torch.equal(_dequantize_torch(w.data, t, w.cols), expected)
+
+
+@pytest.mark.parametrize("t", [pytest.param(T.F16, id="F16"), pytest.param(T.BF16, id="BF16")])
+def test_every_half_value_converts_exactly(t: T) -> None:
+    """All 65536 bit patterns but NaNs (subnormals, infinities, -0) on every compiled path and torch."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = bits.view(np.float16).astype(np.float32) if t == T.F16 else (bits.astype(np.uint32) << 16).view(np.float32)
+    raw = bits[~np.isnan(values)][: 2048 * 31].reshape(2048, 31)  # odd row length: tails too
+    w = QuantMatrix.from_numpy(np.ascontiguousarray(raw), t, *raw.shape)
+    expected = reference(w)
+    assert torch.equal(_dequantize_torch(w.data, t, w.cols), expected)
+    for path in build.runnable_paths():
+        assert torch.equal(compiled_module(path).take_rows(w.data, int(t), w.cols, torch.arange(w.rows)), expected), path
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_quant_linear_equals_fp32_kernel_on_dequantized(t: T) -> None:
+    """n = 1..16 rows, 37 weight rows (no multiple of a row block): the same bits as linear(x, dequantize(w))."""
+    if kernel_name() == "torch":
+        pytest.skip("SPECVOCAB_KERNELS=torch: the fallback is documented as not bit-identical")
+    for cols in [columns(t)] + ([20, 45] if GGML_QUANT_SIZES[t][0] == 1 else []):
+        w = random_matrix(t, 37, cols, seed=cols)
+        dense = dequantize(w)  # [37, cols]
+        x = torch.randn(SKINNY_MAX_ROWS + 4, cols, generator=torch.Generator().manual_seed(cols))
+        for n in range(1, SKINNY_MAX_ROWS + 1):
+            assert torch.equal(linear(x[:n], w), linear(x[:n], dense)), (cols, n)
+        chunked = torch.cat([linear(x[:SKINNY_MAX_ROWS], dense), linear(x[SKINNY_MAX_ROWS:], dense)])
+        assert torch.equal(linear(x, w), chunked)  # n > 16: the 16-row chunks' values
+        bias = torch.randn(37)
+        assert torch.equal(linear(x[:3], w, bias), linear(x[:3], dense, bias))
+
+
+@pytest.mark.parametrize("path", build.PATHS)
+def test_compiled_paths_bit_identical(path: str) -> None:
+    """Every path gives the active path's bits: fp32 skinny GEMM, block GEMM and take_rows, every type."""
+    if kernel_name() == "torch":
+        pytest.skip("SPECVOCAB_KERNELS=torch: no compiled path to compare against")
+    other, active = compiled_module(path), build.active()[1]
+    g = torch.Generator().manual_seed(1)
+    for d in (640, 77, 20):
+        x, w = torch.randn(11, d, generator=g), torch.randn(29, d, generator=g)
+        for n in (1, 2, 3, 5, 11):
+            assert torch.equal(other.skinny_linear(x[:n], w), active.skinny_linear(x[:n], w)), (d, n)
+    for t in SUPPORTED_GGML_TYPES:
+        w = random_matrix(t, 21, columns(t), seed=7)
+        x = torch.randn(9, w.cols, generator=g)
+        for n in (1, 2, 4, 9):
+            assert torch.equal(other.quant_linear(x[:n], w.data, int(t), w.cols), active.quant_linear(x[:n], w.data, int(t), w.cols)), (t.name, n)
+        ids = torch.arange(w.rows)
+        assert torch.equal(other.take_rows(w.data, int(t), w.cols, ids), active.take_rows(w.data, int(t), w.cols, ids)), t.name
+
+
+def test_unsupported_type_and_bad_override_say_what_to_do(monkeypatch) -> None:
+    with pytest.raises(ValueError, match=r"Q2_K .*--backend lean"):
+        QuantMatrix(torch.zeros(2, 84, dtype=torch.uint8), int(T.Q2_K), 2, 256)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantMatrix(torch.zeros(2, 34, dtype=torch.uint8), int(T.Q8_0), 2, 33)
+    monkeypatch.setenv(build.ENV, "sse9")
+    with pytest.raises(ValueError, match="avx512, avx2, portable, torch"):
+        build.requested()
+
+
+def test_torch_override_falls_back_to_dequantize_and_matmul(monkeypatch) -> None:
+    monkeypatch.setenv(build.ENV, "torch")
+    build.active.cache_clear()
+    try:
+        assert kernel_name() == "torch"
+        w = random_matrix(T.Q4_K, 5, 256)
+        x = torch.randn(2, 256)
+        assert torch.equal(take_rows(w, torch.tensor([4, 1])), reference(w)[[4, 1]])
+        torch.testing.assert_close(linear(x, w), x @ reference(w).T)
+    finally:
+        monkeypatch.delenv(build.ENV)
+        build.active.cache_clear()
+
+
+def packaged_gguf(name: str, tmp_path_factory) -> Path:
+    """The packaged model's assembled .gguf: from the model cache, else assembled from installed packages."""
+    from runtime.models import registry
+
+    model = registry.PACKAGED[name]
+    root = Path(USER_CACHE).expanduser() if USER_CACHE else Path.home() / ".cache" / "specvocab"
+    cached = root / "models" / name / model.gguf_name
+    if cached.is_file():
+        return cached
+    if registry.missing_chunks(model):
+        pytest.skip(f"{name} is not installed (prep import {name})")
+    return registry.assemble(model, registry.ensure_installed(model, print), tmp_path_factory.mktemp(name))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["gemma3-270m", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
+def test_real_tensors_bit_identical_to_gguf(name: str, tmp_path_factory) -> None:
+    """Every tensor of the file: a slice of rows exact; per type, the block GEMM equals the fp32 one."""
+    from runtime.backends.gguf_file import GGUFFile  # the native backend's reader: what its kernels get
+
+    file = GGUFFile(packaged_gguf(name, tmp_path_factory))
+    seen: set[int] = set()
+    g = torch.Generator().manual_seed(0)
+    for info in file.tensors.values():
+        cols, rows = (*info.dims, 1)[:2]  # 1-D tensors (norms): one row
+        w = QuantMatrix.from_numpy(file.array(info.name), info.ggml_type, rows, cols)
+        ids = torch.cat([torch.arange(min(rows, 24)), torch.randint(rows, (8,), generator=g)])
+        assert torch.equal(take_rows(w, ids), reference(w, ids)), info.name
+        if w.ggml_type not in seen and kernel_name() != "torch":
+            seen.add(w.ggml_type)
+            part = QuantMatrix(w.data[:300], w.ggml_type, min(rows, 300), cols)
+            x = torch.randn(SKINNY_MAX_ROWS, cols, generator=g)
+            for n in (1, 4, SKINNY_MAX_ROWS):
+                assert torch.equal(linear(x[:n], part), linear(x[:n], reference(part))), (info.name, n)
+    assert seen or kernel_name() == "torch"
