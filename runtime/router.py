@@ -1,4 +1,4 @@
-"""DynaSpec router (seed 001): a small MLP that scores M token clusters from the current input
+"""DynaSpec router: a small MLP that scores M token clusters from the current input
 token's embedding E(x_t) and the previous position's hidden state h_{t-1}.
 
 It needs nothing the drafter computes at step t, so it can run beside the drafter's forward; the
@@ -101,7 +101,7 @@ class RouterRunner:
 
 
 def position_budget(k_max: int, t: int) -> int:
-    """Seed 001's position-aware cluster budget: k_max at draft positions 0 and 1, then
+    """DynaSpec's position-aware cluster budget: k_max at draft positions 0 and 1, then
     floor(k_max / (2 (t + 1))), at least one cluster."""
     return k_max if t <= 1 else max(1, k_max // (2 * (t + 1)))
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random heads, a tiny random Llama directory, and the real gemma3-270m.
+"""Shared factories and fixtures: tiny random heads and models (gemma3 / qwen2 / llama), the tiny Llama
+(built once) and its directory, and the real gemma3-270m / qwen2.5-coder sessions.
 
 Tiny fixtures are fast and random; the real-model fixtures are session-scoped because loading
 gemma3-270m, building its artifact and running it over a corpus take tens of seconds. Tests that
@@ -70,20 +71,58 @@ def tiny_head(request) -> TinyHead:
     return make_tiny_head(bias=request.param)
 
 
+TINY_ARCHS = ("gemma3", "llama", "qwen2")
+# The tiny Llama most runtime tests share: 2 layers, vocab 256, hidden 64, EOS id 1.
+TINY_LLAMA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, tie_word_embeddings=False, bos_token_id=2, eos_token_id=1)
+
+
+def tiny_causal_lm(arch: str) -> torch.nn.Module:
+    """A fresh random tiny causal LM (vocab 128, hidden 64) of one architecture, same weights on every call.
+
+    gemma3 has 3 layers with a 6-token sliding window on the first two; qwen2 has grouped KV heads
+    and q/k/v biases; llama is the plain case.
+    """
+    from transformers import (
+        Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+    )
+
+    if arch == "gemma3":
+        torch.manual_seed(1)
+        return Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=32, sliding_window=6,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"], query_pre_attn_scalar=32,
+        )).eval()
+    if arch == "qwen2":
+        torch.manual_seed(2)
+        return Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2)).eval()
+    if arch == "llama":
+        torch.manual_seed(3)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=4)).eval()
+    raise ValueError(f"no tiny {arch!r} model; use one of {', '.join(TINY_ARCHS)}")
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random 2-layer Llama (vocab 256, hidden 64) plus a word-level tokenizer, saved as an HF directory."""
+def tiny_llama() -> torch.nn.Module:
+    """The shared tiny Llama (TINY_LLAMA, seed 0), built once per session; random models fall into
+    loops that n-grams can draft. Do not modify it: shallow-copy what a test changes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_llama, tmp_path_factory) -> Path:
+    """The tiny Llama plus a word-level tokenizer ("hi", "w4".."w255"), saved as an HF directory."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
-        bos_token_id=2, eos_token_id=1,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
+    tiny_llama.save_pretrained(path)
     vocab = {"<unk>": 0, "</s>": 1, "<s>": 2, "hi": 3, **{f"w{i}": i for i in range(4, 256)}}
     words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()

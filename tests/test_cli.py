@@ -52,7 +52,7 @@ def artifact(tiny_model_dir: Path, tmp_path_factory) -> Path:
         mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
         result = invoke(prep_main, ["cluster", tiny_model_dir, "-o", out, "--clusters", 8])
     assert result.exit_code == 0, result.output
-    assert "wrote stages clusters, screen" in result.output
+    assert "stages clusters, screen written" in result.output
     return out
 
 
@@ -74,7 +74,9 @@ def test_prep_cluster_writes_both_stages(artifact: Path):
 
 def test_prep_cluster_refuses_to_overwrite_without_force(tiny_model_dir: Path, artifact_copy: Path):
     before = snapshot(artifact_copy)
-    result = invoke(prep_main, ["cluster", tiny_model_dir, "-o", artifact_copy, "--clusters", 8])
+    same = invoke(prep_main, ["cluster", tiny_model_dir, "-o", artifact_copy, "--clusters", 8])
+    assert same.exit_code == 0 and "kept" in same.output, same.output  # same parameters: the stages are kept
+    result = invoke(prep_main, ["cluster", tiny_model_dir, "-o", artifact_copy, "--clusters", 4])
     assert_clean_error(result, "--force")
     assert snapshot(artifact_copy) == before
 

@@ -1,4 +1,4 @@
-"""GP drafter (seed 002's low-rank self-drafter): stage `gp` from prep gp-basis (weights-only and
+"""GP drafter (the GP paper's low-rank self-drafter): stage `gp` from prep gp-basis (weights-only and
 activation-aware bases), the compressed copy of the target, greedy identity with plain decoding on
 a tiny random Llama and on the real gemma3-270m, and the CLI / bench entry points."""
 
@@ -150,7 +150,7 @@ def test_gp_keeps_gemma_greedy_output(gemma_session):
     """gemma3-270m: the weights-only GP drafter leaves greedy text unchanged (2 prompts x 24 tokens).
 
     Rank 576 of 640: gemma3-270m's attention loses most top-1 agreement at rank 320 and below
-    (seed 002's collapse), and a drafter that is never accepted would not exercise the rollback.
+    (the GP paper's collapse), and a drafter that is never accepted would not exercise the rollback.
     """
     target, head = gemma_session.target, gemma_session.full_head()
     tensors, params = build_gp_basis(target.body, 576, progress=False)

@@ -13,7 +13,7 @@ from runtime.sampling import SamplingParams
 from runtime.lean import LeanTarget, Projection
 from runtime.speculative import generate_speculative
 from runtime.target import TorchTarget
-from tests.test_lean import tiny_gemma3, tiny_qwen2
+from conftest import tiny_causal_lm
 
 
 def test_int8_projection_is_close_and_uses_dense_weights_for_long_inputs() -> None:
@@ -31,7 +31,7 @@ def test_int8_projection_is_close_and_uses_dense_weights_for_long_inputs() -> No
 
 
 def test_int8_copy_shares_everything_but_the_projections() -> None:
-    target = LeanTarget(tiny_gemma3(), set())
+    target = LeanTarget(tiny_causal_lm("gemma3"), set())
     copy = int8_copy(target)
     assert copy.layers[0].input_norm is target.layers[0].input_norm
     assert isinstance(copy.layers[0].gate_up, Int8Projection)
@@ -46,16 +46,16 @@ def test_int8_copy_shares_everything_but_the_projections() -> None:
 
 
 def test_int8_drafter_needs_the_lean_backend() -> None:
-    model = tiny_qwen2()
+    model = tiny_causal_lm("qwen2")
     target = TorchTarget(model, set())
     with pytest.raises(ValueError, match="lean or native backend"):
         Int8Drafter(target, FullHead(target.head_weight))
 
 
-@pytest.mark.parametrize("make_model", [tiny_gemma3, tiny_qwen2], ids=["gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_int8_drafts_are_accepted_and_greedy_output_is_the_target_s(make_model, temperature: float) -> None:
-    target = LeanTarget(make_model(), set())
+def test_int8_drafts_are_accepted_and_greedy_output_is_the_target_s(arch: str, temperature: float) -> None:
+    target = LeanTarget(tiny_causal_lm(arch), set())
     head = FullHead(target.head_weight, target.head_bias)
     drafter = build_drafter("int8", target, FullHead(target.head_weight, target.head_bias))
     prompt = torch.randint(0, 128, (10,), generator=torch.Generator().manual_seed(2))

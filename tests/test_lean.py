@@ -15,39 +15,9 @@ from runtime.kernels import SKINNY_MAX_ROWS, kernel_name, linear
 from runtime.lean import LeanTarget, UnsupportedModel
 from runtime.speculative import generate_speculative
 from runtime.target import TorchTarget
+from conftest import TINY_ARCHS, tiny_causal_lm
 
 
-def tiny_gemma3():
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(1)
-    config = Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, sliding_window=6, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        query_pre_attn_scalar=32,
-    )
-    return Gemma3ForCausalLM(config).eval()
-
-
-def tiny_qwen2():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(2)
-    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
-    return Qwen2ForCausalLM(config).eval()
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4)
-    return LlamaForCausalLM(config).eval()
-
-
-TINY = {"gemma3": tiny_gemma3, "qwen2": tiny_qwen2, "llama": tiny_llama}
 
 
 def hidden_in_chunks(target: TorchTarget, tokens: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -59,10 +29,10 @@ def hidden_in_chunks(target: TorchTarget, tokens: torch.Tensor, sizes: list[int]
     return out
 
 
-@pytest.mark.parametrize("arch", sorted(TINY))
+@pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_lean_matches_transformers_across_chunks_and_windows(arch: str) -> None:
     """Prefill, single steps and multi-token steps past the sliding window agree with transformers."""
-    model = TINY[arch]()
+    model = tiny_causal_lm(arch)
     tokens = torch.randint(0, 128, (30,), generator=torch.Generator().manual_seed(0))
     sizes = [9, 1, 4, 1, 1, 8, 6]
     reference = hidden_in_chunks(TorchTarget(model, set()), tokens, sizes)
@@ -73,7 +43,7 @@ def test_lean_matches_transformers_across_chunks_and_windows(arch: str) -> None:
 
 def test_lean_crop_rolls_back_exactly() -> None:
     """After a crop, re-feeding other tokens gives what a fresh cache gives."""
-    target = LeanTarget(tiny_gemma3(), set())
+    target = LeanTarget(tiny_causal_lm("gemma3"), set())
     tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(5))
     cache = target.new_cache()
     target.forward(tokens[:12], cache)
@@ -86,7 +56,7 @@ def test_lean_crop_rolls_back_exactly() -> None:
 
 
 def test_lean_cache_grows_past_its_initial_capacity() -> None:
-    model = tiny_llama()
+    model = tiny_causal_lm("llama")
     tokens = torch.randint(0, 128, (700,), generator=torch.Generator().manual_seed(6))
     reference = hidden_in_chunks(TorchTarget(model, set()), tokens, [600, 1, 99])
     lean = hidden_in_chunks(LeanTarget(model, set()), tokens, [600, 1, 99])
@@ -97,7 +67,7 @@ def test_lean_cache_grows_past_its_initial_capacity() -> None:
 def test_backend_choice_and_errors() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    llama = tiny_llama()
+    llama = tiny_causal_lm("llama")
     assert backend_name(make_target(llama, set())) == "lean"
     assert backend_name(make_target(llama, set(), "transformers")) == "transformers"
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
@@ -121,7 +91,7 @@ def test_skinny_linear_matches_torch_and_is_batch_invariant(rows: int, out: int,
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
 def test_greedy_speculative_equals_plain_on_lean_backend(arch: str) -> None:
-    target = LeanTarget(TINY[arch](), set())
+    target = LeanTarget(tiny_causal_lm(arch), set())
     head = FullHead(target.head_weight, target.head_bias)
     prompt = torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 9, 10, 11, 5, 6, 7])
     params, generator = SamplingParams(), torch.Generator()

@@ -28,17 +28,9 @@ PROMPTS = {
 
 
 @pytest.fixture(scope="module")
-def tiny_model() -> torch.nn.Module:
-    """A random 2-layer Llama (vocab 256, hidden 64); random models fall into loops n-grams can draft."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
-        bos_token_id=2, eos_token_id=1,
-    )
-    return LlamaForCausalLM(config)
+def tiny_model(tiny_llama) -> torch.nn.Module:
+    """The shared tiny Llama (conftest); random models fall into loops n-grams can draft."""
+    return tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Verify-cost measurement (T_V(n) / T_V(1)) on a tiny random Llama, the gamma choice it implies, and
-seed 002's predicted throughput in the speculative stats."""
+the GP paper's predicted throughput in the speculative stats."""
 
 from __future__ import annotations
 
@@ -16,13 +16,8 @@ from runtime.verify import Verdict
 
 
 @pytest.fixture(scope="module")
-def target() -> TorchTarget:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, bos_token_id=2, eos_token_id=1)
-    return TorchTarget(LlamaForCausalLM(config), set())
+def target(tiny_llama) -> TorchTarget:
+    return TorchTarget(tiny_llama, set())
 
 
 class CountingHead(FullHead):

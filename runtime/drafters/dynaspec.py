@@ -1,6 +1,6 @@
 """DynaSpec and FR-Spec drafters: the layer-truncated self-drafter with a shortlist head.
 
-DynaSpec (seed 001): before each draft token, the router scores clusters from the embedding of
+DynaSpec: before each draft token, the router scores clusters from the embedding of
 the token just fed, E(x_t), and the drafter's hidden state one position earlier, h_{t-1}; the
 head then scores only the union of the top-k(t) clusters. Neither input waits for the drafter's
 forward at step t, so with `overlap` the router runs in a second thread beside that forward. FR-Spec: the same drafter with a

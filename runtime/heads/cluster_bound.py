@@ -1,4 +1,4 @@
-"""Cluster bound (seed 000, CSV-Decode): one upper bound per cluster of LM-head rows.
+"""Cluster bound (CSV-Decode): one upper bound per cluster of LM-head rows.
 
 For a cluster c with centroid mu_c of the raw rows and Euclidean radius R_c, Cauchy-Schwarz gives
 <W_i, h> <= <mu_c, h> + R_c |h| for every row i in c. With the unit direction u_c and the
@@ -18,7 +18,7 @@ from runtime.heads.opened import Opened, exact_logits
 from runtime.heads.screen_bound import dot_rounding_gamma
 
 
-# Adaptive budget constants from seed 000 (Runtime Optimization paragraph).
+# Adaptive budget constants from CSV-Decode (Runtime Optimization paragraph).
 _ALPHA = 0.01
 _TARGET_FALLBACK = 0.02
 
@@ -42,7 +42,7 @@ class ClusterState:
 
 
 class ClusterBound:
-    """Algorithm 1 of seed 000: open clusters in descending bound order until top-k is certified."""
+    """Algorithm 1 of CSV-Decode: open clusters in descending bound order until top-k is certified."""
 
     name = "cluster"
 
@@ -117,7 +117,7 @@ class ClusterBound:
         return opened
 
     def _adapt_budget(self, fell_back: bool) -> None:
-        """Seed 000's K_max(t+1) = K_max(t) (1 + alpha (rho_target - rho_fall(t))), alpha 0.01, rho 0.02."""
+        """CSV-Decode's K_max(t+1) = K_max(t) (1 + alpha (rho_target - rho_fall(t))), alpha 0.01, rho 0.02."""
         self.budget_fraction *= 1 + _ALPHA * (_TARGET_FALLBACK - float(fell_back))
         self.budget_fraction = min(1.0, max(1.0 / self.weight.shape[0], self.budget_fraction))
 

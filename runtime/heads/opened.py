@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.heads.base import take_rows
+
 
 @dataclass
 class Opened:
@@ -20,5 +22,5 @@ def exact_logits(
     weight: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
     """Exact float32 logits [n] of tokens `ids` for one hidden state [d]."""
-    logits = weight.index_select(0, ids) @ hidden  # [n]
+    logits = take_rows(weight, ids) @ hidden  # [n]
     return logits + bias[ids] if bias is not None else logits

@@ -90,6 +90,10 @@ class ScreenBound:
         base = self.coefficients * float(state.hidden_norm[row])
         return base + _SLACK * (state.center[row].abs() + base)
 
+    def required_open(self, state: ScreenState, row: int, logits: torch.Tensor, k: int) -> None:
+        """Not tracked: the screening bound always certifies (it has no budget to exceed)."""
+        return None
+
     def tail_logsumexp(self, state: ScreenState, row: int, opened: torch.Tensor, temperature: float) -> float:
         """Upper bound on log sum over unopened tokens of exp(l_i / T)."""
         upper = (state.center[row] + self.radius(state, row)).double() / temperature

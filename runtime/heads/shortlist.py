@@ -1,6 +1,6 @@
 """Shortlist head: a drafter's LM head that scores only a subset of the vocabulary.
 
-Two uses: DynaSpec (seed 001), where a router picks token clusters per step and the shortlist is
+Two uses: DynaSpec, where a router picks token clusters per step and the shortlist is
 the union of those clusters plus the always-kept ids (EOS, special tokens); and FR-Spec, a static
 list of the most frequent tokens. Tokens outside the shortlist get logit -inf, so draft
 probabilities are normalized on the shortlist. Only drafters use it: verification keeps the full
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.heads.base import take_rows
 from runtime.sampling import SamplingParams, sample_rows
 from runtime.stats import HeadStats
 
@@ -46,7 +47,7 @@ class ShortlistHead:
         kept = torch.nonzero(groups >= 0).squeeze(1)
         order = kept[torch.argsort(groups[kept], stable=True)]
         self.ids = order  # [n] token id of each sorted row
-        self.weight = weight.index_select(0, order).contiguous()  # [n, d] rows grouped by cluster
+        self.weight = take_rows(weight, order).contiguous()  # [n, d] fp32 rows grouped by cluster
         self.bias = None if bias is None else bias.index_select(0, order).contiguous()
         sizes = torch.bincount(groups[kept], minlength=self.clusters + 1)
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(sizes, 0)]).tolist()
@@ -74,7 +75,7 @@ class ShortlistHead:
     def _empty_context(self) -> None:
         self.context_seen: set[int] = set()
         self.context_ids = torch.empty(0, dtype=torch.long)  # [c] in first-seen order
-        self.context_rows = self.full_weight.new_empty((16, self.full_weight.shape[1]))  # [capacity, d]
+        self.context_rows = torch.empty((16, self.full_weight.shape[1]))  # [capacity, d] fp32
 
     def add_context(self, tokens: list[int]) -> None:
         """The sequence now holds `tokens`: score them at every step from now on (with context=True)."""
@@ -90,7 +91,7 @@ class ShortlistHead:
             rows = self.context_rows.new_empty((max(end, 2 * len(self.context_rows)), self.context_rows.shape[1]))
             rows[:start] = self.context_rows[:start]
             self.context_rows = rows
-        self.context_rows[start:end] = self.full_weight.index_select(0, ids)
+        self.context_rows[start:end] = take_rows(self.full_weight, ids)
         self.context_ids = torch.cat([self.context_ids, ids])
         self._refresh()
 
