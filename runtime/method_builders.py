@@ -14,7 +14,7 @@ import torch
 from runtime.decode import generate_ar
 from runtime.drafters import DRAFTERS, DraftContext
 from runtime.drafters.dynaspec import ShortlistDrafting
-from runtime.heads import CertifiedHead
+from runtime.heads import CertifiedHead, FullHead
 from runtime.heads.screen_draft import ScreenDraftHead
 from runtime.methods import MethodSpec, parse_method
 from runtime.sampling import SamplingParams
@@ -76,9 +76,15 @@ def autoregressive(session: Session, spec: MethodSpec) -> Decoder:
     """ar / csv: one target forward and one head call per token."""
     target = session.target
     if spec.backend is not None:
-        from runtime.backend import make_target
+        from runtime.backends import make_target
 
-        target = make_target(target.model, target.eos_token_ids, spec.backend)
+        loaded = session.model
+        if spec.backend != "native" and loaded.model is None:
+            raise ValueError(f"ar:{spec.backend} needs the fp32 model, which this session did not load; "
+                             "open it with --backend lean or transformers")
+        config = loaded.config if loaded.config is not None else loaded.model.config
+        target = make_target(spec.backend, config=config, eos_token_ids=target.eos_token_ids,
+                             model=loaded.model, gguf_path=loaded.gguf_path)
     head = target_head(session, spec)
 
     def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
@@ -86,6 +92,13 @@ def autoregressive(session: Session, spec: MethodSpec) -> Decoder:
                            min_new_tokens=min_new_tokens, stop=stop)
 
     return decode
+
+
+def llamacpp(session: Session, spec: MethodSpec) -> Decoder:
+    """llama.cpp's plain decoding of the session model's GGUF, with this process's thread count."""
+    from runtime.llamacpp import LlamaCppDecoder
+
+    return LlamaCppDecoder(session.model.gguf_path, session.target.eos_token_ids)
 
 
 def speculative(session: Session, spec: MethodSpec) -> Decoder:

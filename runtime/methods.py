@@ -3,6 +3,7 @@
 Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtime.api` accept):
 
     ar | ar:BACKEND                                  plain decoding (ar:transformers: on transformers' forward)
+    llamacpp                                         llama.cpp's plain decoding of the same GGUF (a reference)
     csv | csv:screen | csv:cluster                   the certified head (CSV-Decode)
     spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|cluster]]
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
@@ -127,6 +128,8 @@ def parse_methods(text: str) -> list[MethodSpec]:
 def canonical(spec: MethodSpec) -> str:
     """The name in the grammar that parses back to `spec` (budgets and backend overrides aside)."""
     if spec.drafter is None:
+        if spec.name == "llamacpp":
+            return spec.name
         return spec.name if spec.name == "ar" and spec.backend is None else (
             f"ar:{spec.backend}" if spec.name == "ar" else spec.head)
     options = [f"gamma={spec.gamma}"] + ["adaptive"] * spec.adaptive + ["no-verifier"] * (not spec.verifier)
@@ -162,7 +165,7 @@ def _no_arguments(name: str, args: list[str], head: str | None) -> None:
 
 def _ar(args: list[str], head: str | None) -> MethodSpec:
     """ar, or ar:BACKEND: plain decoding on another backend of the same model (a same-run reference)."""
-    from runtime.backend import BACKENDS
+    from runtime.backends import BACKENDS
 
     _no_arguments("ar", args, head)
     backends = [b for b in BACKENDS if b != "auto"]
@@ -212,7 +215,7 @@ def _builder(name: str) -> Callable:
     return build
 
 
-register_method(MethodEntry("ar", _ar, _builder("autoregressive"), "ar[:transformers] (plain decoding)"))
+register_method(MethodEntry("ar", _ar, _builder("autoregressive"), "ar[:native|lean|transformers] (plain decoding; ar:BACKEND: on another backend, a same-run reference)"))
 register_method(MethodEntry("csv", _csv, _builder("autoregressive"), "csv[:screen|cluster] (certified head)"))
 register_method(MethodEntry("spec", _spec, _builder("speculative"),
                             "spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:cluster]] (speculative decoding)"))
@@ -222,3 +225,16 @@ for _name in ("dynaspec", "frspec"):
         f"{_name}:... (= spec:{_name}:...)"))
 register_method(MethodEntry("screenspec", _screenspec, _builder("speculative"),
                             "screenspec:layers:N[:gamma=G][:adaptive] (layers:N with the int8 screening head)"))
+
+
+def _llamacpp(args: list[str], head: str | None) -> MethodSpec:
+    _no_arguments("llamacpp", args, head)
+    if args:
+        raise ValueError(f"method 'llamacpp' takes no argument, not llamacpp:{':'.join(args)}")
+    return MethodSpec("llamacpp")
+
+
+# llama.cpp quantizes activations: its text is the model's only up to rounding, so it makes no identity claim.
+register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
+                            "llamacpp (llama.cpp's plain decoding of the same GGUF: the reference users compare with; "
+                            "needs the llamacpp extra)", distribution_preserving=False))

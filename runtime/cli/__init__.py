@@ -25,7 +25,7 @@ def clean_errors(command):
 
 def model_options(command):
     """--backend and --threads, shared by the commands that run a model; --threads is applied at once."""
-    from runtime.backend import BACKENDS
+    from runtime.backends import BACKENDS
 
     @functools.wraps(command)
     def with_threads(*args, threads, **kwargs):

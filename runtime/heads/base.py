@@ -2,7 +2,7 @@
 
 A head weight W [V, d] is an fp32 tensor today and may be a block-quantized QuantMatrix (the
 native backend's GGUF rows) tomorrow, so heads never index it directly: all logits go through
-`runtime.kernels.linear(x, W)` and a few rows through `take_rows(W, ids)` below.
+`runtime.kernels.linear(x, W)` and a few rows through `runtime.kernels.take_rows(W, ids)`.
 
 Heads keep no per-call state: everything one `select` call needs lives in its local variables,
 so one head may serve several loops (a target and its drafter share a bound, never a call).
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from runtime.kernels import take_rows  # fp32 rows [n, d] for ids [n]; a QuantMatrix dequantizes just those
 from runtime.sampling import SamplingParams
 from runtime.stats import HeadStats
 
@@ -22,12 +23,6 @@ if TYPE_CHECKING:
     from runtime.heads.opened import Opened
 
 _NORM_CHUNK = 16384  # rows per chunk when row norms are computed from a (possibly quantized) head
-
-
-def take_rows(weight, ids: torch.Tensor) -> torch.Tensor:
-    """fp32 rows [n, d] of the head weight for token ids [n] (switches to runtime.kernels.take_rows when
-    that lands: a QuantMatrix dequantizes just these rows)."""
-    return weight.index_select(0, ids)
 
 
 def row_norms(weight) -> torch.Tensor:

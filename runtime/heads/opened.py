@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.heads.base import take_rows
+from runtime.kernels import take_rows
 
 
 @dataclass

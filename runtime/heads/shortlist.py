@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.heads.base import take_rows
+from runtime.kernels import take_rows
 from runtime.sampling import SamplingParams, sample_rows
 from runtime.stats import HeadStats
 

@@ -1,0 +1,66 @@
+"""The Python API (runtime.api): streaming generation equals the loops' output, early close stops, bench rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from runtime import api
+from runtime.decode import generate_ar
+from runtime.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    from prep.cli import main as prep_main
+
+    out = tmp_path_factory.mktemp("api") / "art"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
+        assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"]).exit_code == 0
+        return api.load(out, progress=False)
+
+
+def test_generate_streams_the_tokens_plain_decoding_gives(engine):
+    ids = engine.encode("w5 w9 w31 w5 w9")
+    expected, _ = generate_ar(engine.session.target, engine.session.full_head(), ids, 12)
+    for method in ("ar", "csv", "spec:ngram:gamma=3+csv", "spec:layers:1"):
+        run = engine.generate("w5 w9 w31 w5 w9", method=method, max_new_tokens=12)
+        assert list(run) == expected and run.stats.new_tokens == len(expected)
+        assert run.text == engine.tokenizer.decode(expected, skip_special_tokens=True)
+    assert engine.method("spec:layers:1") is engine.method("spec:layers:1")  # built once per name
+
+
+def test_sampled_generation_is_reproducible_and_closing_early_stops(engine):
+    params = SamplingParams(temperature=0.8)
+    first = engine.generate([5, 9, 31], "spec:ngram", params, max_new_tokens=16, seed=3).wait().tokens
+    assert first == engine.generate([5, 9, 31], "spec:ngram", params, max_new_tokens=16, seed=3).wait().tokens
+    run = engine.generate([5, 9, 31], "csv", max_new_tokens=64)
+    stream = iter(run)
+    head = [next(stream) for _ in range(3)]
+    stream.close()
+    assert run.tokens == head
+
+
+def test_errors_surface_where_the_caller_iterates(engine):
+    with pytest.raises(ValueError, match="unknown method"):
+        engine.generate("hi", method="warp")
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([], method="ar")
+
+
+def test_bench_puts_ar_first_and_reports_identity_and_peak_rss(engine):
+    record = engine.bench(["csv", "spec:ngram"], ["w5 w9 w31 w5 w9", "hi w7 w8 w7 w8"], max_new_tokens=8)
+    assert [row["method"] for row in record["methods"]] == ["ar", "csv", "spec:ngram"]
+    assert all(row["identical_to_greedy"] == 1.0 and row["distribution_preserving"] for row in record["methods"])
+    assert record["setup"]["n"] == 2 and record["setup"]["peak_rss_mib"] > 0
+
+
+def test_set_threads():
+    before = torch.get_num_threads()
+    try:
+        assert api.set_threads(1) == 1 and torch.get_num_threads() == 1
+        assert api.set_threads() >= 1
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,105 @@
+"""The method grammar and its registry: every registered name parses, round-trips, fails cleanly, and
+`runtime generate --method NAME` decodes what `runtime bench --methods NAME` decodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from runtime.drafters import DRAFTERS
+from runtime.methods import METHODS, canonical, methods_help, parse_method
+
+# One example per registration (methods and drafters); a new registration without one fails below.
+EXAMPLES = {
+    "ar": ["ar", "ar:transformers"], "csv": ["csv", "csv:screen", "csv:cluster"],
+    "spec": ["spec:ngram", "spec:ngram:2:gamma=2", "spec:layers:1:adaptive+csv", "spec:ngram+csv:cluster"],
+    "dynaspec": ["dynaspec:layers:1:k=2"], "frspec": ["frspec:int8:20:context=0+csv"],
+    "screenspec": ["screenspec:layers:1:gamma=3"],
+}
+DRAFTER_EXAMPLES = {"ngram": "ngram:3", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
+                    "int8": "int8", "dynaspec": "dynaspec:int8:k=4", "frspec": "frspec:layers:1:20",
+                    "onedecode": "onedecode:fallback=ngram"}
+# The tiny model's artifact has the screen and clusters stages only: no router, no gp bases, one layer to drop.
+RUNNABLE = ["ar", "ar:transformers", "csv", "csv:cluster", "spec:ngram:gamma=2", "spec:layers:1:adaptive+csv",
+            "spec:ngram+csv:cluster", "screenspec:layers:1:gamma=3"]
+
+
+def test_every_registration_has_an_example_that_round_trips():
+    assert set(EXAMPLES) == set(METHODS) and set(DRAFTER_EXAMPLES) == set(DRAFTERS)
+    for name in [n for names in EXAMPLES.values() for n in names] + [f"spec:{d}" for d in DRAFTER_EXAMPLES.values()]:
+        spec = parse_method(name)
+        assert parse_method(canonical(spec)) == parse_method(canonical(spec)) and str(spec) == name
+        assert canonical(parse_method(canonical(spec))) == canonical(spec)
+        assert spec.distribution_preserving
+    assert not parse_method("spec:int8:no-verifier").distribution_preserving
+    help_text = methods_help()
+    assert all(name in help_text for name in list(METHODS) + list(DRAFTERS))
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("spec:ngram:gamma=abc", "gamma takes an integer in 1..8"), ("spec:ngram:gamma=9", "1..8"),
+    ("warp", "unknown method"), ("csv:fast", "csv:screen or csv:cluster"), ("spec", "spec needs a drafter"),
+    ("spec:draft-model", "unknown drafter"), ("spec:ngram:no-verifier", "gp, int8"), ("ar+csv", "+csv applies"),
+    ("spec:ngram+fast", "use +csv"), ("spec:layers:x", "layers:N"), ("dynaspec:int8:k=0", "k=8"),
+    ("dynaspec:int8:schedule=z", "fixed or position"), ("frspec:int8", "TOKENS"), ("spec:gp:16:foo", "gp:RANK"),
+    ("screenspec:layers:2+csv", "+csv"), ("ar:fast", "ar:transformers"),
+])
+def test_bad_names_are_one_line_errors_naming_the_fix(name, fragment):
+    with pytest.raises(ValueError) as error:
+        parse_method(name)
+    assert fragment in str(error.value) and "\n" not in str(error.value) and "invalid literal" not in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_model_dir, tmp_path_factory) -> Path:
+    from prep.cli import main as prep_main
+
+    out = tmp_path_factory.mktemp("methods") / "art"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
+        assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"]).exit_code == 0
+    return out
+
+
+def test_generate_decodes_what_bench_decodes_for_every_runnable_method(artifact, tmp_path, monkeypatch):
+    from runtime.cli import main as runtime_main
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(artifact.parent / "cache"))
+    prompt = "w5 w9 w31 w5 w9"
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": prompt}]))
+    out = tmp_path / "bench.json"
+    bench = CliRunner().invoke(runtime_main, ["bench", str(artifact), "--prompts", str(prompts), "--methods",
+                                              ",".join(RUNNABLE), "-n", "1", "--max-new-tokens", "10", "--json", str(out)])
+    assert bench.exit_code == 0, bench.output
+    record = json.loads(out.read_text())
+    assert record["setup"]["peak_rss_mib"] > 0 and "peak_rss_mib" in out.with_suffix(".md").read_text()
+    assert all(row["identical_to_greedy"] == 1.0 for row in record["methods"])
+    texts = {}
+    for name in RUNNABLE:
+        result = CliRunner().invoke(runtime_main, ["generate", str(artifact), "--method", name, "--prompt", prompt,
+                                                   "--max-new-tokens", "10", "--threads", "1"])
+        assert result.exit_code == 0, result.output
+        texts[name] = result.stdout
+    assert len(set(texts.values())) == 1 and texts["ar"].strip()
+
+
+def test_generate_help_lists_the_registry():
+    from runtime.cli import main as runtime_main
+
+    for command in ("generate", "bench"):
+        text = " ".join(CliRunner().invoke(runtime_main, [command, "--help"]).output.split())
+        assert all(f"{name}" in text for name in ("screenspec", "dynaspec", "int8", "ngram[:MAX_NGRAM]"))
+
+
+def test_bad_method_fails_before_the_model_loads(tmp_path):
+    from runtime.cli import main as runtime_main
+
+    result = CliRunner().invoke(runtime_main, ["generate", str(tmp_path / "nowhere"), "--method", "spec:ngram:gamma=x",
+                                               "--prompt", "hi"])
+    assert result.exit_code != 0 and "gamma takes an integer" in result.output and "Traceback" not in result.output
