@@ -53,6 +53,19 @@ class KVCache:
         """Forget everything after the first `length` tokens."""
         self.length = min(self.length, length)
 
+    def compact(self, start: int, nodes: list[int]) -> None:
+        """Keep the entries start + node for `nodes` (a token tree's accepted path) as tokens start..
+        in that order and forget the rest: a copying gather, never overlapping views."""
+        if any(not 0 <= node < self.length - start for node in nodes):
+            raise ValueError(f"compact keeps cached tree nodes 0..{self.length - start - 1}, got {nodes}")
+        if nodes != list(range(len(nodes))):  # else already in place
+            slots = torch.tensor(nodes, dtype=torch.long) + start  # [n]
+            for buffers in (self.keys, self.values):
+                for buffer in buffers:
+                    picked = buffer.index_select(1, slots)  # [KV, n, hd], a new tensor
+                    buffer[:, start : start + len(nodes)] = picked
+        self.length = start + len(nodes)
+
 
 class TargetModel(Protocol):
     """A causal LM as the decoding loops see it."""
@@ -73,6 +86,16 @@ class TargetModel(Protocol):
 
     def crop(self, cache, length: int) -> None:
         """Drop everything after the first `length` cached tokens."""
+        ...
+
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor, cache, start: int | None = None) -> torch.Tensor:
+        """Append token-tree nodes [n] (parents [N], -1: under the prefix) after the cache's first
+        `start` tokens; hidden states [n, d], each equal to a chain forward over the node's path
+        (runtime.backends.decoder.Decoder.forward_tree). Backends without trees raise ValueError."""
+        ...
+
+    def compact(self, cache, start: int, nodes: list[int]) -> None:
+        """Keep the cached tree nodes `nodes` (an accepted path) as tokens start.., drop the rest."""
         ...
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,13 @@ bit-identical hidden states, and for T <= 16 each row gets the value a one-token
 
 Long prompts are fed in chunks of PREFILL_CHUNK tokens, so the attention scores and mask of a
 prefill stay [H, C, K] and [C, K] with C <= PREFILL_CHUNK, whatever the prompt length.
+
+Token trees (SWARM, MJSD): `forward_tree` feeds drafted nodes with parent indices; each node sits
+at the prefix length + its depth - 1 and attends to the prefix, its ancestors and itself. Its
+attention is one SDPA call over keys equal in content and shape to what a one-token step over
+its path would read (scratch copies; SDPA's result depends on those, not on strides), so every
+node's hidden state is torch.equal to a chain forward over its path. `compact` then gathers the
+accepted path's K/V to the front.
 """
 
 from __future__ import annotations
@@ -108,6 +115,26 @@ def _attention_mask(start: int, queries: int, keys_from: int, keys_to: int, wind
     return None if bool(allowed.all()) else allowed
 
 
+@dataclass
+class _TreeRows:
+    """The nodes one tree forward feeds: their paths and positions, and where the tree starts."""
+
+    start: int  # the prefix length: node j's K/V sit at start + j
+    first: int  # the first node this forward feeds (earlier ones are cached)
+    paths: list[list[int]]  # per fed node, its node indices from the prefix's child down to itself
+    positions: torch.Tensor  # [n] sequence positions: start + depth - 1
+
+
+def tree_paths(parents: list[int]) -> list[list[int]]:
+    """Every node's path (node indices, the prefix's child first) for parents listed parents first."""
+    paths: list[list[int]] = []
+    for node, parent in enumerate(parents):
+        if not -1 <= parent < node:
+            raise ValueError(f"a token tree lists parents first: node {node} has parent {parent}")
+        paths.append((paths[parent] if parent >= 0 else []) + [node])
+    return paths
+
+
 class Decoder:
     """The ladder: embed -> layers -> final norm, over a KVCache."""
 
@@ -184,9 +211,45 @@ class Decoder:
         cache.length = start + count
         return self.norm(x)
 
-    def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, start: int) -> torch.Tensor:
-        """One decoder layer over x [T, d] at positions start.. ; returns the new residual [T, d]."""
-        attended = self._attention(layer, layer.input_norm(x), cache, index, start)  # [T, d]
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor, cache: KVCache, start: int | None = None) -> torch.Tensor:
+        """Append token-tree nodes to the cache; their final-normed hidden states [n, d].
+
+        parents: [N] every node's parent (an earlier node, or -1: hangs under the prefix's last
+        token), parents first. The prefix is the cache's first `start` tokens (default: all of it);
+        node j's K/V go to start + j, its position is start + depth(j) - 1. tokens: [n], the last n
+        of the N nodes; the first N - n were fed by earlier calls (the cache holds start + N - n).
+        Each node's hidden state is torch.equal to a chain forward over the prefix and its path.
+        """
+        tokens, parents = tokens.view(-1), parents.view(-1).tolist()
+        count, total = tokens.numel(), len(parents)
+        start = cache.length if start is None else start
+        if not 0 < count <= total or cache.length != start + total - count:
+            raise ValueError(f"forward_tree feeds the last {count} of {total} nodes after {start} prefix tokens, "
+                             f"but the cache holds {cache.length}")
+        if count > SKINNY_MAX_ROWS:  # row-wise kernels are batch-invariant up to SKINNY_MAX_ROWS rows
+            first = total - count
+            return torch.cat([
+                self.forward_tree(chunk, torch.tensor(parents[: first + offset + chunk.numel()]), cache, start)
+                for offset, chunk in zip(range(0, count, SKINNY_MAX_ROWS), tokens.split(SKINNY_MAX_ROWS))
+            ])
+        paths = tree_paths(parents)[total - count :]
+        positions = torch.tensor([start + len(path) - 1 for path in paths])  # [n]
+        cache.reserve(start + total)
+        if int(positions.max()) >= self._rotary[self.layers[0].rope][0].shape[0]:
+            self._extend_rotary(cache.capacity)
+        tree = _TreeRows(start, total - count, paths, positions)
+        x = self.embed(tokens)  # [n, d]
+        for index, layer in enumerate(self.layers):
+            x = self._layer(layer, x, cache, index, start + tree.first, tree)
+        cache.length = start + total
+        return self.norm(x)
+
+    def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, start: int,
+               tree: _TreeRows | None = None) -> torch.Tensor:
+        """One decoder layer over x [T, d] at positions start.. (or a tree's nodes written from
+        `start`); returns the new residual [T, d]."""
+        attended = self._attention(layer, layer.input_norm(x), cache, index, start, tree)  # [T, d]
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)
         x = x + attended
@@ -196,20 +259,25 @@ class Decoder:
             mlp = layer.post_mlp_norm(mlp)
         return x + mlp
 
-    def _attention(self, layer: DecoderLayer, h: torch.Tensor, cache: KVCache, index: int, start: int) -> torch.Tensor:
-        """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache."""
+    def _attention(self, layer: DecoderLayer, h: torch.Tensor, cache: KVCache, index: int, start: int,
+                   tree: _TreeRows | None = None) -> torch.Tensor:
+        """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache
+        at start.. (tree nodes: at their positions in the tree's part of the cache)."""
         count, hd, heads, kv = h.shape[0], self.head_dim, self.num_heads, self.kv_heads
         qkv = layer.qkv(h)  # [T, (H + 2 KV) hd]
         q, k, v = qkv.view(count, heads + 2 * kv, hd).split((heads, kv, kv), dim=1)  # [T, *, hd]
         if layer.q_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
-        cos, sin = (table[start : start + count].unsqueeze(1) for table in self._rotary[layer.rope])  # [T, 1, hd]
+        at = slice(start, start + count) if tree is None else tree.positions
+        cos, sin = (table[at].unsqueeze(1) for table in self._rotary[layer.rope])  # [T, 1, hd]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         end = start + count
         cache.keys[index][:, start:end] = k.transpose(0, 1)
         cache.values[index][:, start:end] = v.transpose(0, 1)
-        if count <= SKINNY_MAX_ROWS:
+        if tree is not None:
+            out = self._attend_tree(layer, q, cache, index, tree)  # [1, H, T, hd]
+        elif count <= SKINNY_MAX_ROWS:
             # One SDPA call per query over exactly the keys it sees, as a one-token step makes it:
             # batched calls block their sums by the query count and would break batch invariance.
             rows = [self._attend(layer, q[i : i + 1], cache, index, start + i) for i in range(count)]
@@ -223,6 +291,33 @@ class Decoder:
         """Attention of one query q [1, H, hd] at `position` over the cached keys it may see: [1, H, 1, hd]."""
         first = max(0, position + 1 - layer.window) if layer.window else 0
         return self._sdpa(layer, q, cache, index, first, position + 1, None)
+
+    def _attend_tree(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, tree: _TreeRows) -> torch.Tensor:
+        """Attention of tree nodes q [n, H, hd], one SDPA call each over what a chain step on its path
+        reads: the prefix keys inside its window, then its path's keys in path order. [1, H, n, hd]"""
+        prefix, depth = tree.start, max(len(path) for path in tree.paths)
+        firsts = [max(0, prefix + len(path) - layer.window) if layer.window else 0 for path in tree.paths]
+        low = min(firsts)
+        # Scratch [KV, prefix - low + depth, hd]: the prefix once, then each node's path over the tail.
+        scratch = []
+        for buffer in (cache.keys[index], cache.values[index]):
+            copy = buffer.new_empty(buffer.shape[0], prefix - low + depth, buffer.shape[2])
+            copy[:, : prefix - low] = buffer[:, low:prefix]
+            scratch.append(copy)
+        rows = []
+        for i, (path, first) in enumerate(zip(tree.paths, firsts)):
+            slots = torch.tensor(path) + prefix  # [d] where the path's K/V sit in the cache
+            end = prefix - low + len(path)
+            for copy, buffer in zip(scratch, (cache.keys[index], cache.values[index])):
+                copy[:, prefix - low : end] = buffer.index_select(1, slots)
+            rows.append(F.scaled_dot_product_attention(
+                q[i : i + 1].transpose(0, 1).unsqueeze(0),  # [1, H, 1, hd]
+                scratch[0][:, first - low : end].unsqueeze(0),  # [1, KV, K, hd]
+                scratch[1][:, first - low : end].unsqueeze(0),
+                scale=layer.scaling,
+                enable_gqa=self.num_heads != self.kv_heads,
+            ))
+        return torch.cat(rows, dim=2) if len(rows) > 1 else rows[0]
 
     def _sdpa(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, first: int, end: int,
               mask: torch.Tensor | None) -> torch.Tensor:

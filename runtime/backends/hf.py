@@ -49,6 +49,9 @@ def truncated_body(body: torch.nn.Module, layers: int) -> torch.nn.Module:
     return clone
 
 
+TREES_REFUSED = "token trees (swarm:..., mjsd:...) run on the decoder ladder; use --backend lean|native"
+
+
 class TransformersTarget:
     """Backend over a transformers causal LM (float32 on CPU; bf16/fp16 on a GPU)."""
 
@@ -88,6 +91,13 @@ class TransformersTarget:
         if length < cache.length:
             cache.inner.crop(length - cache.length)  # negative: remove that many (sliding layers need it)
             cache.length = length
+
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor, cache, start: int | None = None) -> torch.Tensor:
+        """Token trees need per-node attention this backend does not have."""
+        raise ValueError(TREES_REFUSED)
+
+    def compact(self, cache, start: int, nodes: list[int]) -> None:
+        raise ValueError(TREES_REFUSED)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows [k, d] of the input-embedding table (unscaled, as stored)."""

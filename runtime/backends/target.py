@@ -52,6 +52,14 @@ class DecoderTarget:
         """Roll the cache back to its first `length` tokens."""
         cache.crop(length)
 
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor, cache: KVCache, start: int | None = None) -> torch.Tensor:
+        """Append token-tree nodes; hidden states [n, d] equal to chain forwards over their paths (Decoder.forward_tree)."""
+        return self.decoder.forward_tree(tokens, parents, cache, start)
+
+    def compact(self, cache: KVCache, start: int, nodes: list[int]) -> None:
+        """Keep the cached tree nodes `nodes` (an accepted path) as tokens start.., drop the rest."""
+        cache.compact(start, nodes)
+
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows [k, d] of the input-embedding table for ids [k] (unscaled, as stored)."""
         return take_rows(self.embedding, ids)
