@@ -135,7 +135,7 @@ def canonical(spec: MethodSpec) -> str:
     options = [f"gamma={spec.gamma}"] + ["adaptive"] * spec.adaptive + ["no-verifier"] * (not spec.verifier)
     if spec.name == "screenspec":
         return ":".join(["screenspec", str(spec.drafter), *options])
-    suffix = "" if not spec.certified else "+csv" if spec.bound == "screen" else "+csv:cluster"
+    suffix = f"+{spec.head}" if spec.certified else ""
     return ":".join(["spec", str(spec.drafter), *options]) + suffix
 
 
