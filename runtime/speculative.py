@@ -92,10 +92,60 @@ def generate_speculative(
     stop: stop strings, checked after every appended token (accepted, recovered or bonus); the
     tokens end with the one that completes a stop string (included), as in generate_ar.
     """
-    if prompt.numel() == 0:
-        raise ValueError("the prompt is empty: give at least one token")
     if not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+
+    def begin(cache, ban: TokenBan, spec: SpecStats) -> Round:
+        drafter.reset(prompt.tolist(), params, generator, ban)
+
+        def one_round(context: list[int], left: int) -> Verdict:
+            nonlocal gamma
+            # The cache holds context[:-1]; the last token is fed with the drafts.
+            k = min(gamma, left - 1)
+            t0 = time.perf_counter()
+            proposal = drop_banned(drafter.propose(context, k), ban, len(context))
+            t1 = time.perf_counter()
+            verdict = verify_round(target, head, cache, context[-1], proposal, params, generator, ban, len(context))
+            target.crop(cache, len(context) + verdict.accepted)
+            t2 = time.perf_counter()
+            drafter.observe(verdict)
+            spec.seconds_draft += (t1 - t0) + (time.perf_counter() - t2)
+            spec.seconds_verify += t2 - t1
+            if adaptive:
+                gamma = next_gamma(gamma, verdict)
+            return verdict
+
+        return one_round
+
+    return run_rounds(target, head, prompt, max_new_tokens, params, generator, begin, on_token, min_new_tokens, stop)
+
+
+# (context, tokens still to produce) -> the round's verdict. Before a round the target's cache holds
+# context[:-1]; after it, context[:-1] plus the last token and the accepted drafts. A round adds its
+# drafting and verifying seconds to the SpecStats it was begun with.
+Round = Callable[[list[int], int], Verdict]
+
+
+def run_rounds(
+    target: TargetModel,
+    head,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    begin: Callable[[object, TokenBan, SpecStats], Round],
+    on_token: Callable[[int], None] | None = None,
+    min_new_tokens: int = 0,
+    stop: StopStrings | None = None,
+) -> tuple[list[int], DecodeStats]:
+    """The loop chains and trees share: prefill and first token as in generate_ar, then draft-and-verify
+    rounds, each verdict's tokens appended until EOS, a stop string or max_new_tokens.
+
+    begin(cache, ban, spec): called once after the first token (drafter resets go here); gives the
+    round function. ban: the EOS min-response guard over absolute context positions.
+    """
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty: give at least one token")
     stats = DecodeStats(prompt_tokens=prompt.numel(), spec=SpecStats())
     head_before = replace(head.stats)
     started = time.perf_counter()
@@ -123,23 +173,11 @@ def generate_speculative(
         [int(select_allowed(head, hidden, params, generator, ban.ids, ban.rows(len(context), 1))[0])]
     )
     stats.seconds_prefill = time.perf_counter() - started
-    drafter.reset(prompt.tolist(), params, generator, ban)
+    one_round = begin(cache, ban, stats.spec)
     while not finished:
-        # The cache holds context[:-1]; the last token is fed with the drafts.
-        k = min(gamma, max_new_tokens - len(tokens) - 1)
-        t0 = time.perf_counter()
-        proposal = drop_banned(drafter.propose(context, k), ban, len(context))
-        t1 = time.perf_counter()
-        verdict = verify_round(target, head, cache, context[-1], proposal, params, generator, ban, len(context))
-        target.crop(cache, len(context) + verdict.accepted)
-        t2 = time.perf_counter()
-        drafter.observe(verdict)
+        verdict = one_round(context, max_new_tokens - len(tokens))
         stats.forwards += 1
-        stats.spec.seconds_draft += (t1 - t0) + (time.perf_counter() - t2)
-        stats.spec.seconds_verify += t2 - t1
         stats.spec.record(verdict)
-        if adaptive:
-            gamma = next_gamma(gamma, verdict)
         finished = emit(verdict.tokens)
     stats.seconds_total = time.perf_counter() - started
     stats.new_tokens = len(tokens)
