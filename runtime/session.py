@@ -8,9 +8,8 @@ from pathlib import Path
 from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound
-from runtime.models import LoadedModel, ModelError, load_model
-from runtime.backend import make_target
-from runtime.target import TorchTarget, eos_ids
+from runtime.backends import TargetModel, load_target, reload_target
+from runtime.models import LoadedModel, ModelError
 
 BOUNDS = ("screen", "cluster")
 
@@ -21,12 +20,21 @@ class Session:
 
     artifact: Artifact
     model: LoadedModel
-    target: TorchTarget
+    target: TargetModel
     _screen_bound: ScreenBound | None = field(default=None, repr=False)
+    _other_targets: dict = field(default_factory=dict, repr=False)  # backend name -> TargetModel
 
     @property
     def tokenizer(self):
         return self.model.tokenizer
+
+    def target_on(self, backend: str) -> TargetModel:
+        """The session's model on another backend (ar:BACKEND, a same-run reference), loaded once."""
+        if backend == self.target.name:
+            return self.target
+        if backend not in self._other_targets:
+            self._other_targets[backend] = reload_target(self.model, backend, self.target.eos_token_ids)
+        return self._other_targets[backend]
 
     def full_head(self) -> FullHead:
         return FullHead(self.target.head_weight, self.target.head_bias)
@@ -63,16 +71,16 @@ def open_session(
 ) -> Session:
     """Open ART, load its model (or `model`), and refuse a model whose fingerprint differs.
 
-    backend: auto (the lean forward where supported), lean or transformers (runtime.backend).
+    backend: auto (native for a GGUF the native backend reads, else lean where supported, else
+    transformers), native, lean or transformers (runtime.backends).
     """
     artifact = Artifact.open(artifact_path)
     try:
-        loaded = load_model(model or model_spec_of(artifact), progress=progress)
+        loaded, target = load_target(model or model_spec_of(artifact), backend, progress=progress)
     except ModelError as e:
         if model is not None:
             raise
         raise ModelError(f"{e} (the artifact was built for {artifact.model.name}, from {artifact.model.source}); "
                          "pass --model with a local copy of that model") from None
     artifact.check_model(loaded.info)
-    target = make_target(loaded.model, eos_ids(loaded.model, loaded.tokenizer), backend)
     return Session(artifact, loaded, target)

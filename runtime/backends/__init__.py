@@ -69,7 +69,10 @@ def make_target(backend: str, *, config, eos_token_ids, model=None, gguf_path: P
     return TransformersTarget(model, eos_token_ids)
 
 
-__all__ = ["BACKENDS", "SUPPORTED_TYPES", "KVCache", "TargetModel", "UnsupportedModel", "choose_backend", "eos_ids", "make_target", "native_unsupported"]
+__all__ = [
+    "BACKENDS", "SUPPORTED_TYPES", "KVCache", "TargetModel", "UnsupportedModel", "choose_backend", "eos_ids", "load_target",
+    "make_target", "native_unsupported", "reload_target",
+]
 
 
 def load_target(spec: str, backend: str = "auto", progress: bool = True):
@@ -89,3 +92,14 @@ def load_target(spec: str, backend: str = "auto", progress: bool = True):
     eos = eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)
     target = make_target(chosen, config=loaded.config, eos_token_ids=eos, model=loaded.model, gguf_path=loaded.gguf_path)
     return loaded, target
+
+
+def reload_target(loaded, backend: str, eos_token_ids) -> TargetModel:
+    """The already loaded model `loaded` on another backend (its fp32 weights are read if that backend needs them)."""
+    from runtime.models import load_model
+
+    chosen = choose_backend(backend, loaded.gguf_path, loaded.config)
+    model = loaded.model
+    if chosen != "native" and model is None:
+        model = load_model(str(loaded.path), progress=False).model
+    return make_target(chosen, config=loaded.config, eos_token_ids=eos_token_ids, model=model, gguf_path=loaded.gguf_path)

@@ -1,0 +1,62 @@
+"""The llama.cpp reference method: refused cleanly without the extra or a GGUF, and on a real model a bench row.
+
+llama-cpp-python is an optional extra built from source; the real-model test runs only where it is
+installed (it is skipped, with the reason, elsewhere).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from runtime.llamacpp import LlamaCppUnavailable, load_llama
+from runtime.methods import parse_method
+
+HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
+
+
+def test_llamacpp_parses_and_makes_no_identity_claim() -> None:
+    spec = parse_method("llamacpp")
+    assert str(spec) == "llamacpp" and not spec.distribution_preserving
+    with pytest.raises(ValueError, match="takes no argument"):
+        parse_method("llamacpp:fast")
+    with pytest.raises(ValueError, match=r"\+csv applies"):
+        parse_method("llamacpp+csv")
+
+
+def test_without_the_extra_the_method_is_refused_naming_it(monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    with pytest.raises(LlamaCppUnavailable, match=r"\.\[llamacpp\]"):
+        load_llama(tmp_path / "m.gguf", 512, 1)
+
+
+@pytest.mark.skipif(not HAVE_LLAMACPP, reason="llama-cpp-python (the optional llamacpp extra) is not installed")
+def test_a_file_llama_cpp_cannot_load_is_refused(tmp_path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(LlamaCppUnavailable, match="cannot load"):
+        load_llama(bad, 512, 1)
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not HAVE_LLAMACPP, reason="llama-cpp-python (the optional llamacpp extra) is not installed")
+def test_llamacpp_bench_row_on_real_smollm2(tmp_path) -> None:
+    """smollm2-135m: llama.cpp decodes the same prompt ids greedily; the bench reports its identity to ar."""
+    from artifacts import Artifact
+    from prep import stages
+    from runtime import api
+    from runtime.models import load_model
+
+    loaded = load_model("smollm2-135m-instruct", progress=False, weights=True)
+    path = tmp_path / "art"
+    stages.write_screen(stages.HeadSource(loaded, Artifact.create(path, loaded.info, stages.created_by())), group_size=None, force=False)
+    engine = api.load(path, progress=False)
+    record = engine.bench(["ar", "llamacpp"], ["def add(a, b):\n", "The capital of France is"], max_new_tokens=16)
+    row = next(r for r in record["methods"] if r["method"] == "llamacpp")
+    assert row["new_tokens"] > 0 and row["tokens_per_s"] > 0
+    assert row["identical_to_greedy"] is None  # no identity claim for a method that is not exact
+    assert row["identical_to_ar"] in (0.0, 0.5, 1.0)
+    assert torch.get_num_threads() >= 1
