@@ -1,7 +1,7 @@
 """Build a parsed MethodSpec into a runnable Method over a session: heads, drafter and loop, chosen once.
 
-The builders registered in runtime.methods: `autoregressive` (ar, csv) and `speculative` (spec,
-dynaspec, frspec, screenspec). The target head and the drafter's own head are chosen here only.
+The builders registered in runtime.methods: `autoregressive` (ar, csv), `speculative` (spec,
+dynaspec, frspec, screenspec), `tree` (swarm) and `mjsd`. The target head and the drafter's own head are chosen here only.
 """
 
 from __future__ import annotations
@@ -122,5 +122,64 @@ def speculative(session: Session, spec: MethodSpec) -> Decoder:
         if shortlist is not None:
             stats.shortlist = shortlist.stats.since(before)
         return tokens, stats
+
+    return decode
+
+
+def _tree_target(session: Session) -> None:
+    """Token trees run on the decoder ladder (lean, native) only."""
+    from runtime.backends.hf import TREES_REFUSED
+    from runtime.backends.target import DecoderTarget
+
+    if not isinstance(session.target, DecoderTarget):
+        raise ValueError(TREES_REFUSED)
+
+
+def _backend_drafter(session: Session, spec: MethodSpec, head):
+    """The spec's drafter, built as for spec:DRAFTER; a model-backed one (layers, int8, gp, model)."""
+    from runtime.drafters.layers import BackendDrafter
+
+    context = DraftContext(session.target, drafter_head(session, spec, head), session.artifact, session.model.info)
+    drafter = DRAFTERS[spec.drafter.name].build(context, spec.drafter.args)
+    if not isinstance(drafter, BackendDrafter):
+        raise ValueError(f"{spec.name} needs a drafter that runs a model (layers:N, int8, gp, model:), not {spec.drafter}")
+    return drafter
+
+
+def tree(session: Session, spec: MethodSpec) -> Decoder:
+    """swarm: token trees of K candidates per slot (the OneDecode table's or a drafter's), one target forward each."""
+    from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
+    from runtime.tree_speculative import SlotTrees, TableTrees, generate_tree
+
+    _tree_target(session)
+    head = target_head(session, spec)
+    k, budget = int(spec.options[0]), int(spec.options[1].removeprefix("nodes="))
+    if spec.drafter.name == "onedecode":
+        if session.artifact is None:
+            raise ValueError("swarm:onedecode needs the artifact whose stage onedecode holds the table; "
+                             "run: prep bake-onedecode ART --traces TR")
+        drafter = TableTrees(OneDecodeDrafter(OneDecodeTable.load(session.artifact)), k)
+    else:
+        drafter = SlotTrees(_backend_drafter(session, spec, head), k)
+
+    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
+        return generate_tree(session.target, head, drafter, prompt, n, params, generator, depth=spec.gamma,
+                             budget=budget, on_token=on_token, min_new_tokens=min_new_tokens, stop=stop)
+
+    return decode
+
+
+def mjsd(session: Session, spec: MethodSpec) -> Decoder:
+    """mjsd: beam drafts verified by joint likelihood (NOT distribution-preserving; runtime.mjsd)."""
+    from runtime.mjsd import BeamDrafts, generate_mjsd
+
+    _tree_target(session)
+    head = target_head(session, spec)
+    options = dict(option.split("=") for option in spec.options)
+    drafts = BeamDrafts(_backend_drafter(session, spec, head), int(options["beam"]))
+
+    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
+        return generate_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=spec.gamma,
+                             tau=float(options["tau"]), on_token=on_token, min_new_tokens=min_new_tokens, stop=stop)
 
     return decode

@@ -8,6 +8,9 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
     spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|cluster]]
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
     screenspec:layers:N[:gamma=G][:adaptive]         layers:N drafting with the int8 screening head
+    swarm:onedecode:K | swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]]
+                                                     SWARM token trees: K candidates per slot, depth G, N nodes
+    mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G]          MJSD beam drafts (NOT distribution-preserving)
 
 DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Adding a method is one
 `register_method` call (name, parser, builder, help line, whether it preserves the target's
@@ -51,6 +54,7 @@ class MethodSpec:
     cluster_budget: float = 0.25  # csv:cluster: largest fraction of the vocabulary opened before falling back
     adaptive_budget: bool = False  # csv:cluster: adapt that budget as CSV-Decode does
     text: str = ""  # the name as given (bench rows are keyed by it)
+    options: tuple[str, ...] = ()  # a method's own canonical arguments (swarm: K, nodes=N; mjsd: beam=M, tau=T)
 
     @property
     def certified(self) -> bool:
@@ -136,6 +140,9 @@ def canonical(spec: MethodSpec) -> str:
     if spec.name == "screenspec":
         return ":".join(["screenspec", str(spec.drafter), *options])
     suffix = f"+{spec.head}" if spec.certified else ""
+    if spec.name in ("swarm", "mjsd"):  # swarm:DRAFTER:K:gamma=G:nodes=N, mjsd:DRAFTER:gamma=G:beam=M:tau=T
+        first = int(spec.name == "swarm")
+        return ":".join([spec.name, str(spec.drafter), *spec.options[:first], *options, *spec.options[first:]]) + suffix
     return ":".join(["spec", str(spec.drafter), *options]) + suffix
 
 
@@ -204,6 +211,72 @@ def _screenspec(args: list[str], head: str | None) -> MethodSpec:
     return MethodSpec("screenspec", drafter=DrafterSpec("layers", (rest[1],)), draft_head="screen", **loop)
 
 
+TREE_SOURCES = ("onedecode", "layers", "int8", "gp", "model")  # drafters with a top-K per slot
+BEAM_SOURCES = ("layers", "int8", "gp", "model")  # drafters whose backend takes token trees
+
+
+def _own_options(name: str, args: list[str], allowed: dict[str, Callable[[str], object]], example: str) -> tuple[list[str], dict, dict]:
+    """Split arguments into the drafter's, the loop's (gamma=G only) and the method's own KEY=VALUE options."""
+    rest, loop = loop_options(args)
+    if set(loop) - {"gamma"}:
+        raise ValueError(f"{name} takes gamma=G (the draft depth), not adaptive or no-verifier; e.g. {example}")
+    own, drafter = {}, []
+    for part in rest:
+        key, eq, value = part.partition("=")
+        if eq and key in allowed:
+            try:
+                own[key] = allowed[key](value)
+            except ValueError:
+                own[key] = None
+            if own[key] is None:
+                raise ValueError(f"{name}'s {key} takes {allowed[key].__doc__}, not {value!r}; e.g. {example}")
+        else:
+            drafter.append(part)
+    return drafter, loop, own
+
+
+def _count(low: int, high: int) -> Callable[[str], int | None]:
+    def parse(value: str) -> int | None:
+        return int(value) if value.isdigit() and low <= int(value) <= high else None
+
+    parse.__doc__ = f"an integer in {low}..{high}"
+    return parse
+
+
+def _tau(value: str) -> float | None:
+    """a threshold in [0, 1)"""
+    return float(value) if 0.0 <= float(value) < 1.0 else None
+
+
+def _swarm(args: list[str], head: str | None) -> MethodSpec:
+    """swarm:onedecode:K | swarm:DRAFTER:K [:gamma=G] [:nodes=N]: token trees of K candidates per slot."""
+    example = "swarm:onedecode:4, swarm:int8:4:nodes=32 or swarm:layers:6:2:gamma=5"
+    rest, loop, own = _own_options("swarm", args, {"nodes": _count(1, 64)}, example)
+    if len(rest) < 2 or _count(1, 16)(rest[-1]) is None:
+        raise ValueError(f"swarm needs a drafter and K candidates per slot (1..16): {example}")
+    name = rest[0]
+    if name not in TREE_SOURCES:
+        raise ValueError(f"swarm's trees come from {', '.join(TREE_SOURCES)}, not {name!r}; e.g. {example}")
+    if name == "onedecode" and len(rest) > 2:
+        raise ValueError(f"swarm:onedecode takes no table options (the tree ranks by confidence), not {':'.join(rest[1:-1])}")
+    drafter = DrafterSpec("onedecode") if name == "onedecode" else DrafterSpec(*parse_drafter(":".join(rest[:-1])))
+    return MethodSpec("swarm", head=head or "full", drafter=drafter, options=(rest[-1], f"nodes={own.get('nodes', 16)}"),
+                      **loop)
+
+
+def _mjsd(args: list[str], head: str | None) -> MethodSpec:
+    """mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G]: MJSD, not distribution-preserving."""
+    example = "mjsd:int8, mjsd:layers:6:beam=4:tau=0.1 or mjsd:int8:gamma=5"
+    if head is not None:
+        raise ValueError("+csv does not apply to mjsd: its joint ratio needs the target's full probabilities")
+    rest, loop, own = _own_options("mjsd", args, {"beam": _count(1, 16), "tau": _tau}, example)
+    if not rest or rest[0] not in BEAM_SOURCES:
+        raise ValueError(f"mjsd needs a drafter whose backend takes token trees ({', '.join(BEAM_SOURCES)}); e.g. {example}")
+    drafter = DrafterSpec(*parse_drafter(":".join(rest)))
+    return MethodSpec("mjsd", drafter=drafter, options=(f"beam={own.get('beam', 4)}", f"tau={own.get('tau', 0.1):g}"),
+                      **loop)
+
+
 def _builder(name: str) -> Callable:
     """The builder `name` of runtime.method_builders, imported when a method is built (it imports the loops)."""
 
@@ -225,6 +298,12 @@ for _name in ("dynaspec", "frspec"):
         f"{_name}:... (= spec:{_name}:...)"))
 register_method(MethodEntry("screenspec", _screenspec, _builder("speculative"),
                             "screenspec:layers:N[:gamma=G][:adaptive] (layers:N with the int8 screening head)"))
+register_method(MethodEntry("swarm", _swarm, _builder("tree"),
+                            "swarm:onedecode:K|swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]] (SWARM token trees: "
+                            "K candidates per slot, G deep, N nodes, one target forward)"))
+register_method(MethodEntry("mjsd", _mjsd, _builder("mjsd"),
+                            "mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G] (MJSD beam drafts, joint acceptance; changes the "
+                            "output by design)", distribution_preserving=False))
 
 
 def _llamacpp(args: list[str], head: str | None) -> MethodSpec:

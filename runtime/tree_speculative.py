@@ -1,0 +1,190 @@
+"""SWARM: token-tree speculative decoding. A drafter's top-K candidates per slot form a token tree under
+a node budget; the target scores the last token and every node in one tree forward; the verifier keeps
+the longest path the target agrees with (greedy) or samples through the tree exactly; the target's
+cache is compacted to the kept path.
+
+Greedy outputs equal generate_ar's token for token; sampled outputs follow the warped target exactly
+(runtime.verify_tree: the candidates are deterministic, so each sibling is tried at p, never at the
+drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is runtime.speculative's.
+
+Tree sources (TreeDrafter):
+- TableTrees: the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
+- SlotTrees: any backend drafter's (int8, layers:N, gp, model:) top-K per slot along its own
+  greedy chain, Medusa-style: every node at depth d gets the candidates of the chain's slot d.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+import torch
+
+from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.onedecode import OneDecodeDrafter
+from runtime.kernels import SKINNY_MAX_ROWS
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
+from runtime.speculative import Round, run_rounds
+from runtime.stats import DecodeStats, SpecStats
+from runtime.stopping import StopStrings
+from runtime.backends.base import TargetModel
+from runtime.trees import ROOT, TokenTree, build_tree
+from runtime.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
+
+MAX_DEPTH = 8  # tree depth (gamma) stays in 1..MAX_DEPTH, as chain drafts do
+MAX_NODES = 64
+
+
+class TreeDrafter(Protocol):
+    """Proposes a token tree after a context; the loop calls reset, then tree / observe per round."""
+
+    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
+              ban: TokenBan = NO_BAN) -> None: ...
+
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        """At most `budget` nodes, at most `depth` deep, after `context` (its last token is the root)."""
+        ...
+
+    def observe(self, verdict: TreeVerdict) -> None: ...
+
+
+class TableTrees:
+    """SWARM over the OneDecode table: its top-K at every node (OTT-SWARM)."""
+
+    def __init__(self, table: OneDecodeDrafter, k: int) -> None:
+        self.table, self.k = table, k
+
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        """Nothing to prepare: the table is fixed."""
+
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        return self.table.tree(context, self.k, depth, budget)
+
+    def observe(self, verdict: TreeVerdict) -> None:
+        """Nothing to learn."""
+
+
+class SlotTrees:
+    """SWARM over a backend drafter: its greedy chain of `depth` tokens, the top-K of each slot as the
+    candidates of every node at that depth, confidences from its softmax (they only rank nodes)."""
+
+    def __init__(self, drafter: BackendDrafter, k: int) -> None:
+        self.drafter, self.k = drafter, k
+        self.ban = NO_BAN
+
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        self.ban = ban
+        self.drafter.reset(prompt, params, generator, ban)
+
+    @torch.inference_mode()
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        drafter = self.drafter
+        # The drafter's cache keeps its chain; the next round's sync rolls it back to the kept tokens.
+        hidden = drafter.feed(drafter._sync(context))  # [1, d]
+        slots: list[tuple[list[int], list[float]]] = []
+        for i in range(depth):
+            logits = mask_banned(drafter.head.logits(hidden), self.ban.ids, self.ban.rows(len(context) + i, 1))  # [1, V]
+            top = torch.softmax(logits[0].double(), 0).topk(self.k)
+            slots.append((top.indices.tolist(), top.values.tolist()))
+            if i < depth - 1:
+                hidden = drafter.feed([slots[-1][0][0]])
+        return build_tree(lambda path: slots[len(path)], self.k, depth, budget)
+
+    def observe(self, verdict: TreeVerdict) -> None:
+        """Nothing to do: the next tree's sync keeps the cached chain's longest prefix of the context."""
+
+
+def drop_banned_nodes(tree: TokenTree, ban: TokenBan, start: int) -> TokenTree:
+    """The tree without nodes holding a banned id at a guarded position (and their subtrees).
+
+    start: the position of the root's children (the context's length). Candidates are deterministic,
+    so leaving some out keeps verification exact.
+    """
+    if not ban.ids or ban.rows(start, 1) == 0 or tree.size == 0:
+        return tree
+    depths, parents, tokens = tree.depths().tolist(), tree.parents.tolist(), tree.tokens.tolist()
+    index: dict[int, int] = {}
+    for node in range(tree.size):
+        parent = parents[node]
+        if (parent != ROOT and parent not in index) or (tokens[node] in ban.ids and start + depths[node] - 1 < ban.until):
+            continue
+        index[node] = len(index)
+    kept = list(index)
+    return TokenTree(tree.tokens[kept], torch.tensor([ROOT if parents[n] == ROOT else index[parents[n]] for n in kept],
+                                                     dtype=torch.long),
+                     None if tree.scores is None else tree.scores[kept])
+
+
+def score_tree(target: TargetModel, cache, last: int, tree: TokenTree) -> torch.Tensor:
+    """One tree forward over [last] + the tree's nodes after the cache (which holds the context but its
+    last token): hidden states [N + 1, d], row 0 the root's, row i + 1 node i's."""
+    parents = torch.cat([torch.tensor([ROOT]), torch.where(tree.parents == ROOT, 0, tree.parents + 1)])  # [N + 1]
+    return target.forward_tree(torch.cat([torch.tensor([last]), tree.tokens]), parents, cache)
+
+
+def verify_scored_tree(head, hidden: torch.Tensor, tree: TokenTree, params: SamplingParams,
+                       generator: torch.Generator | None, ban: TokenBan, start: int) -> TreeVerdict:
+    """Greedy or exact verification of a tree from its target hidden states [N + 1, d].
+
+    The EOS guard covers rows by position (row 0 at `start`, node i's row at start + depth(i)): the
+    rows go to the head in position order, so the guarded ones lead as select_allowed expects, and
+    in chunks of SKINNY_MAX_ROWS, so every row's logits are the bits a one-token step gets.
+    """
+    positions = torch.cat([torch.tensor([start]), start + tree.depths()])  # [N + 1]
+    order = torch.argsort(positions, stable=True)
+    guarded = int((positions < ban.until).sum()) if ban.ids else 0
+    chunks = list(zip(range(0, order.numel(), SKINNY_MAX_ROWS), hidden[order].split(SKINNY_MAX_ROWS)))
+    if params.greedy:
+        chosen = torch.cat([select_allowed(head, rows, params, None, ban.ids, max(guarded - offset, 0))
+                            for offset, rows in chunks])  # [N + 1], position order
+        return verify_tree_greedy(tree, chosen[torch.argsort(order)])
+    p = torch.cat([warp(mask_banned(head.logits(rows), ban.ids, max(guarded - offset, 0)), params)
+                   for offset, rows in chunks])  # [N + 1, V], position order
+    return verify_tree_exact(tree, p[torch.argsort(order)], generator)
+
+
+def generate_tree(
+    target: TargetModel,
+    head,
+    drafter: TreeDrafter,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    depth: int = 4,
+    budget: int = 16,
+    on_token: Callable[[int], None] | None = None,
+    min_new_tokens: int = 0,
+    stop: StopStrings | None = None,
+) -> tuple[list[int], DecodeStats]:
+    """Token-tree speculative decoding: trees of at most `budget` nodes and `depth` levels per target forward.
+
+    Arguments and returns as runtime.speculative.generate_speculative. In the stats a round's
+    `drafted` is its tree's node count (gamma_mean: the mean tree size) and `accepted` the kept path's
+    length; T_D is per drafted node, T_V per tree forward.
+    """
+    if not 1 <= depth <= MAX_DEPTH or not 1 <= budget <= MAX_NODES:
+        raise ValueError(f"a token tree needs depth (gamma) in 1..{MAX_DEPTH} and a node budget in 1..{MAX_NODES}, "
+                         f"got {depth} and {budget}")
+
+    def begin(cache, ban: TokenBan, spec: SpecStats) -> Round:
+        drafter.reset(prompt.tolist(), params, generator, ban)
+
+        def one_round(context: list[int], left: int) -> TreeVerdict:
+            t0 = time.perf_counter()
+            levels = min(depth, left - 1)
+            tree = drafter.tree(context, levels, budget) if levels > 0 else TokenTree.chain([])
+            tree = drop_banned_nodes(tree, ban, len(context))
+            t1 = time.perf_counter()
+            hidden = score_tree(target, cache, context[-1], tree)  # [N + 1, d]
+            verdict = verify_scored_tree(head, hidden, tree, params, generator, ban, len(context))
+            target.compact(cache, len(context) - 1, [0] + [node + 1 for node in verdict.path])
+            t2 = time.perf_counter()
+            drafter.observe(verdict)
+            spec.seconds_draft += (t1 - t0) + (time.perf_counter() - t2)
+            spec.seconds_verify += t2 - t1
+            return verdict
+
+        return one_round
+
+    return run_rounds(target, head, prompt, max_new_tokens, params, generator, begin, on_token, min_new_tokens, stop)
