@@ -9,6 +9,7 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
     for token in run:                               # token ids, as the loop appends them
         ...
     print(run.text, run.stats.tokens_per_s)         # after the last token
+    print(run.note)                                 # set when max_new_tokens was lowered to fit the context
     engine.generate("Tell me a joke.", chat=True, sampling=SamplingParams(temperature=0.7)).text
     record = engine.bench(["ar", "csv", "spec:int8"], ["def fib(n):", "class Stack:"], max_new_tokens=32)
 """
@@ -31,6 +32,10 @@ from runtime.sampling import SamplingParams
 from runtime.session import Session, open_session
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
+
+# A prompt longer than this many characters per token of the model's context is refused before it is
+# tokenized (tokenizing 10 MB of text takes ~8 s and ~1.5 GB); real text averages 3-5 characters per token.
+MAX_CHARS_PER_TOKEN = 64
 
 
 def set_threads(threads: int | None = None) -> int:
@@ -65,16 +70,42 @@ class Engine:
             self._methods[spec] = build_method(self.session, spec)
         return self._methods[spec]
 
+    @property
+    def context_length(self) -> int | None:
+        """The model's context in tokens (its config's max_position_embeddings; None if it has none)."""
+        return getattr(self.session.model.config, "max_position_embeddings", None)
+
     def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
-        """Token ids [P] of a prompt given as text (with chat=True through the chat template) or as ids."""
+        """Token ids [P] of a prompt given as text (with chat=True through the chat template) or as ids.
+
+        A prompt that leaves no room in the model's context for one new token is a ValueError giving its
+        token count and the limit (a very long text is refused before it is tokenized)."""
+        limit = self.context_length
         if isinstance(prompt, str):
-            return encode_prompt(self.tokenizer, prompt, chat)
-        if chat:
+            if limit and len(prompt) > MAX_CHARS_PER_TOKEN * limit:
+                raise ValueError(f"the prompt is {len(prompt)} characters, more than the model's context of {limit} "
+                                 f"tokens can hold ({MAX_CHARS_PER_TOKEN} characters per token at most are allowed); "
+                                 "shorten the prompt")
+            ids = encode_prompt(self.tokenizer, prompt, chat)
+        elif chat:
             raise ValueError("chat=True wraps prompt text in the chat template; give text, not token ids")
-        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        else:
+            ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
         if ids.numel() == 0:
             raise ValueError("the prompt is empty: give at least one token")
+        self.room(ids.numel())
         return ids
+
+    def room(self, prompt_tokens: int) -> int:
+        """How many new tokens fit in the model's context after `prompt_tokens` (no limit: a large number);
+        a prompt that leaves no room for one is a ValueError with its token count and the limit."""
+        limit = self.context_length
+        if limit is None:
+            return 1 << 62
+        if prompt_tokens >= limit:
+            raise ValueError(f"the prompt is {prompt_tokens} tokens; the model's context is {limit} tokens "
+                             "(max_position_embeddings) and must also hold the new ones: shorten the prompt")
+        return limit - prompt_tokens
 
     def generate(
         self,
@@ -94,13 +125,20 @@ class Engine:
         """
         if min_response_tokens < 0:
             raise ValueError("min_response_tokens must be >= 0")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
         run = self.method(method)
         ids = self.encode(prompt, chat)
+        room, note = self.room(ids.numel()), None
+        if max_new_tokens > room:  # the prompt plus the new tokens stay within the context
+            note = (f"note: the prompt ({ids.numel()} tokens) leaves room for {room} new tokens in the model's "
+                    f"context of {self.context_length}; generating at most {room}, not {max_new_tokens}")
+            max_new_tokens = room
         stops = StopStrings(self.tokenizer, stop) if stop else None
         generator = torch.Generator().manual_seed(seed)
         guard = min_response_tokens if chat else 0
         return Generation(self.tokenizer, lambda on_token: run.decode(
-            ids, max_new_tokens, sampling, generator, guard, on_token=on_token, stop=stops))
+            ids, max_new_tokens, sampling, generator, guard, on_token=on_token, stop=stops), note)
 
     def bench(
         self,
@@ -114,7 +152,6 @@ class Engine:
     ) -> dict:
         """Run methods interleaved on the same prompts (ar always among them, first); the JSON record
         `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, ...)."""
-        from runtime.backend import backend_name
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import kernel_name
 
@@ -123,9 +160,16 @@ class Engine:
             specs.insert(0, parse_method("ar"))  # speedups are always against ar measured in the same run
         if min_response_tokens < 0:
             raise ValueError("min_response_tokens must be >= 0")
+        if max_new_tokens < 1 or not prompts:
+            raise ValueError("bench needs at least one prompt and max_new_tokens >= 1")
         guard = min_response_tokens if chat else 0
         built = [self.method(spec) for spec in specs]
         ids = [self.encode(text, chat) for text in prompts]
+        for i, prompt in enumerate(ids):  # every method runs every prompt to the same length: refuse, not clamp
+            if self.room(prompt.numel()) < max_new_tokens:
+                raise ValueError(f"prompt {i} ({prompt.numel()} tokens) leaves room for {self.room(prompt.numel())} "
+                                 f"new tokens in the model's context of {self.context_length}, not {max_new_tokens}: "
+                                 "lower max_new_tokens (--max-new-tokens) or drop that prompt")
         results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard)
         return {
             "setup": {
@@ -133,7 +177,7 @@ class Engine:
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
-                "backend": backend_name(self.session.target), "peak_rss_mib": peak_rss_mib(),
+                "backend": self.session.target.name, "peak_rss_mib": peak_rss_mib(),
             },
             "methods": summarize(results, sampling),
         }
@@ -149,7 +193,8 @@ class _Cancelled(Exception):
 
 
 class Generation:
-    """Token ids of one generation as they are appended; `text` and `stats` once it is over.
+    """Token ids of one generation as they are appended; `text` and `stats` once it is over; `note`
+    when max_new_tokens was lowered to fit the model's context.
 
     The loop runs in a worker thread and hands each token over a queue; closing the iterator early
     (or leaving a `for` loop) stops the loop at its next token.
@@ -157,8 +202,9 @@ class Generation:
 
     _DONE = object()
 
-    def __init__(self, tokenizer, run) -> None:
+    def __init__(self, tokenizer, run, note: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.note = note  # set when max_new_tokens was lowered to fit the model's context
         self.tokens: list[int] = []
         self.stats: DecodeStats | None = None
         self._queue: queue.Queue = queue.Queue()

@@ -7,6 +7,7 @@ import functools
 import click
 
 from artifacts import ArtifactError
+from runtime.cli import values
 from runtime.models import ModelError
 
 
@@ -31,8 +32,6 @@ def model_options(command):
     def with_threads(*args, threads, **kwargs):
         from runtime.api import set_threads
 
-        if threads is not None and threads < 1:
-            raise click.UsageError("--threads must be >= 1")
         set_threads(threads)
         return command(*args, **kwargs)
 
@@ -40,7 +39,7 @@ def model_options(command):
         click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True,
                      help="Backend (the TargetModel implementation): lean (hand-written forward, gemma3/qwen2/llama), "
                           "transformers, native where available, or auto (the fastest exact one supported)."),
-        click.option("--threads", type=int, default=None, help="Torch threads (default: every core this process may use)."),
+        click.option("--threads", type=values.COUNT, default=None, help="Torch threads (default: every core this process may use)."),
     ]
     for option in reversed(options):
         with_threads = option(with_threads)
@@ -50,11 +49,11 @@ def model_options(command):
 def sampling_options(command):
     """--temperature/--top-k/--top-p/--epsilon/--seed, shared by generate and bench."""
     options = [
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off."),
-        click.option("--epsilon", type=float, default=None, help="csv only: allow total variation <= epsilon."),
-        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--temperature", type=values.TEMPERATURE, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-k", type=values.NON_NEGATIVE, default=0, show_default=True, help="0 = off."),
+        click.option("--top-p", type=values.TOP_P, default=1.0, show_default=True, help="1 = off."),
+        click.option("--epsilon", type=values.EPSILON, default=None, help="csv only: allow total variation <= epsilon."),
+        click.option("--seed", type=values.SEED, default=0, show_default=True),
     ]
     for option in reversed(options):
         command = option(command)
@@ -69,7 +68,7 @@ def sampling_params(temperature, top_k, top_p, epsilon):
 
 
 min_response_option = click.option(
-    "--min-response-tokens", type=click.IntRange(min=0), default=4, show_default=True,
+    "--min-response-tokens", type=values.NON_NEGATIVE, default=4, show_default=True,
     help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
 
 

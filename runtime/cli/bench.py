@@ -3,32 +3,31 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 import torch
 
-from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
-from runtime.methods import methods_help, parse_methods
+from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.methods import methods_help
 
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--prompts", "prompt_source", default="humaneval", show_default=True,
+@click.option("--prompts", "prompt_source", type=values.PromptSource(), default="humaneval", show_default=True,
               help="humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
-@click.option("--methods", default="ar,csv:screen", show_default=True,
+@click.option("--methods", "specs", type=values.MethodList(), default="ar,csv:screen", show_default=True,
               help=f"Comma-separated method names. {methods_help()}")
-@click.option("-n", "num_prompts", type=click.IntRange(min=1), default=12, show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("-n", "num_prompts", type=values.COUNT, default=12, show_default=True)
+@click.option("--max-new-tokens", type=values.COUNT, default=128, show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap prompts in the chat template.")
 @min_response_option
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default="bench-out/bench.json", show_default=True,
-              help="JSON output; the .md table and .png plot go beside it.")
+@click.option("--json", "json_path", type=values.OutputFile((".md", ".png")), default="bench-out/bench.json",
+              show_default=True, help="JSON output; the .md table and .png plot go beside it (checked writable first).")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @model_options
 @clean_errors
-def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, model,
+def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, model,
           temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s, speedup over ar in one run, peak RSS.
 
@@ -42,24 +41,25 @@ def bench(artifact, prompt_source, methods, num_prompts, max_new_tokens, chat, m
     from runtime.bench.report import markdown_table, write_reports
     from runtime.data import load_prompts
 
-    # Every cheap check before the model loads.
-    specs = parse_methods(methods)
+    # Every cheap check before the model loads (the options' types did the rest).
     params = sampling_params(temperature, top_k, top_p, epsilon)
     texts = load_prompts(prompt_source, num_prompts)
     engine = api.load(artifact, model, backend=backend)
     record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
-    paths = write_reports(record, Path(json_path))
-    click.echo(markdown_table(record["methods"]))
+    click.echo(markdown_table(record["methods"]))  # printed first: an output that fails to write loses nothing
     click.echo(f"peak RSS {record['setup']['peak_rss_mib']:.0f} MiB (the process, all methods)", err=True)
+    with values.writing("--json"):
+        paths = write_reports(record, json_path)
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
 
 @main.command("bench-kernels")
 @click.argument("artifact", type=click.Path())
-@click.option("--prompt", default="def fibonacci(n):", show_default=True, help="Text whose last hidden state is screened.")
-@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--prompt", type=values.Text(), default="def fibonacci(n):", show_default=True,
+              help="Text whose last hidden state is screened.")
+@click.option("--repeats", type=values.COUNT, default=20, show_default=True)
 @model_options
 @clean_errors
 def bench_kernels(artifact, prompt, repeats, backend) -> None:
@@ -69,13 +69,12 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
     runtime bench-kernels art/g270
     """
     from artifacts.format import Stage
+    from runtime import api
     from runtime.bench.kernels import compare_kernels
     from runtime.bench.report import markdown_rows
-    from runtime.prompting import encode_prompt
-    from runtime.session import open_session
 
-    session = open_session(artifact, backend=backend)
-    ids = encode_prompt(session.tokenizer, prompt)
+    engine = api.load(artifact, backend=backend)
+    session, ids = engine.session, engine.encode(prompt)  # a prompt beyond the context is refused here
     hidden = session.target.forward(ids, session.target.new_cache())[-1:].float()  # [1, d]
     rows = compare_kernels(session.target.head_weight, session.artifact.read_stage(Stage.SCREEN), hidden, repeats)
     columns = [("kernel", "kernel", "{}"), ("activations", "activations", "{}"), ("ms", "ms", "{:.2f}"),
@@ -88,15 +87,16 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
 @click.option("--head", "head_kind", type=click.Choice(["full", "csv"]), default="full", show_default=True,
               help="Head the greedy verifier selects with on the n rows (csv: certified, bound from --bound).")
 @click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True)
-@click.option("--prompts", "prompt_source", default="humaneval", show_default=True,
+@click.option("--prompts", "prompt_source", type=values.PromptSource(), default="humaneval", show_default=True,
               help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
-@click.option("--context", type=click.IntRange(min=1), default=180, show_default=True,
+@click.option("--context", type=values.COUNT, default=180, show_default=True,
               help="Tokens in the cache before the verify forward.")
-@click.option("--max-n", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--max-n", type=values.COUNT, default=8, show_default=True,
               help="Largest number of tokens per verify forward.")
-@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--repeats", type=values.COUNT, default=10, show_default=True,
               help="Timings per n (the median is reported).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
+@click.option("--json", "json_path", type=values.OutputFile(), default=None,
+              help="Also write the table as JSON (checked writable first).")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @model_options
 @clean_errors
@@ -107,21 +107,24 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     runtime bench-verify art/g270
     runtime bench-verify art/g270 --head csv --repeats 20 --json bench-out/verify.json
     """
-    from runtime.backend import backend_name
+    from runtime import api
     from runtime.bench.report import markdown_rows, write_json
     from runtime.bench.verify_cost import best_gamma, verify_cost
     from runtime.data import load_prompts
-    from runtime.session import open_session
 
     texts = load_prompts(prompt_source, 64)
-    session = open_session(artifact, model, backend=backend)
+    engine = api.load(artifact, model, backend=backend)
+    session = engine.session
+    if engine.context_length and context + max_n > engine.context_length:
+        raise click.UsageError(f"--context {context} plus --max-n {max_n} tokens pass the model's context of "
+                               f"{engine.context_length}; lower them")
     head = session.certified_head(bound) if head_kind == "csv" else session.full_head()
     tokens = _token_run(session.tokenizer, texts, context + max_n)
     rows = verify_cost(session.target, head, tokens, context, max_n, repeats)
     columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
                ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
     label = f"csv:{bound}" if head_kind == "csv" else "full"
-    click.echo(f"{session.model.info.name}, {backend_name(session.target)} backend, head {label}, cache {context} tokens, "
+    click.echo(f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
                f"{torch.get_num_threads()} threads, median of {repeats}")
     click.echo(markdown_rows(rows, columns))
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
@@ -129,12 +132,13 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
         f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
     if json_path:
         record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
-                  "setup": {"model": session.model.info.name, "backend": backend_name(session.target), "head": label,
+                  "setup": {"model": session.model.info.name, "backend": session.target.name, "head": label,
                             "context": context, "repeats": repeats, "threads": torch.get_num_threads(),
                             "prompts": prompt_source},
                   "rows": rows,
                   "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}
-        write_json(record, Path(json_path))
+        with values.writing("--json"):
+            write_json(record, json_path)
         click.echo(f"wrote {json_path}", err=True)
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import click
 
-from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
-from runtime.methods import MethodSpec, canonical, methods_help, parse_method
+from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.methods import MAX_GAMMA, MethodSpec, canonical, methods_help, parse_method
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
 ALIASES = ("--drafter", "--gamma", "--adaptive", "--no-verifier", "--target-head")
@@ -42,7 +41,7 @@ def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier,
               help="csv:cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv:cluster: adapt the budget as CSV-Decode does.")
 @click.option("--drafter", default=None, help="Alias, with --method spec: spec:DRAFTER (default ngram).")
-@click.option("--gamma", type=int, default=None, help="Alias, with --method spec: :gamma=G (tokens drafted per target forward).")
+@click.option("--gamma", type=values.Integer(1, MAX_GAMMA), default=None, help="Alias, with --method spec: :gamma=G (tokens drafted per target forward).")
 @click.option("--adaptive", is_flag=True, help="Alias, with --method spec: :adaptive (gamma +1 after a full accept, -1 after a rejection).")
 @click.option("--no-verifier", is_flag=True,
               help="Alias, with --method spec: :no-verifier, the drafter's compressed model alone (gp, int8; the GP "
@@ -50,12 +49,13 @@ def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier,
 @click.option("--target-head", type=click.Choice(["full", "csv"]), default=None,
               help="Alias, with --method spec: csv = +csv (the certified head verifies; bound from --bound).")
 @min_response_option
-@click.option("--prompt", default=None, help="Prompt text.")
-@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--prompt", type=values.Text(), default=None, help="Prompt text.")
+@click.option("--prompt-file", type=values.TextFile(), default=None, help="A UTF-8 file holding the prompt text.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
-@click.option("--max-new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
-@click.option("--stop", "stops", multiple=True,
-              help="End once the response contains this text (repeatable; \\n, \\t escapes work); the stop text is kept.")
+@click.option("--max-new-tokens", type=values.COUNT, default=128, show_default=True,
+              help="At most this many new tokens (fewer if the prompt leaves less room in the model's context: a note says so).")
+@click.option("--stop", "stops", type=values.StopText(), multiple=True,
+              help=f"End once the response contains this text (repeatable; escapes: {values.STOP_ESCAPES}); the stop text is kept.")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @model_options
@@ -89,8 +89,9 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     if epsilon is not None and spec.name != "csv":
         raise click.UsageError("--epsilon applies to --method csv only")
     engine = api.load(artifact, model, backend=backend)
-    run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens,
-                          [_unescape(s) for s in stops], seed)
+    run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens, stops, seed)
+    if run.note:
+        click.echo(run.note, err=True)
     stream = TextStream(engine.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     for token in run:
         stream(token)
@@ -120,12 +121,8 @@ def _spec_line(spec) -> str:
     )
 
 
-def _unescape(text: str) -> str:
-    """--stop '\\n\\n' as typed in a shell means two newlines: backslash escapes are decoded."""
-    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
-
-
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt: --prompt's text or --prompt-file's (already read and checked by their types)."""
     if (prompt is None) == (prompt_file is None):
         raise click.UsageError("give exactly one of --prompt or --prompt-file")
-    return prompt if prompt is not None else Path(prompt_file).read_text()
+    return prompt if prompt is not None else prompt_file

@@ -1,0 +1,241 @@
+"""One validation layer for `runtime` command-line values: click types that refuse a bad value with one
+line naming the option and the fix, before any model loads.
+
+Every numeric option, text option, input file and output path of the runtime commands goes through
+one of these types; a command body receives values that are already valid (finite numbers in range,
+UTF-8 text, readable prompt files, writable output paths, parsed method names).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import click
+
+STOP_ESCAPES = r"\n \t \r \\ \" \' \0 \xHH \uHHHH \UHHHHHHHH"
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr0\\\"']|.?)", re.DOTALL)
+_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _range_text(low, high, low_open: bool, high_open: bool) -> str:
+    """'>= 1', 'in (0, 1]', ... for messages."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+class Number(click.ParamType):
+    """A finite float in a range (nan and inf are refused: they pass every comparison click makes)."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False,
+                 hint: str = "") -> None:
+        self.low, self.high, self.low_open, self.high_open, self.hint = low, high, low_open, high_open, hint
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not math.isfinite(number):
+            self.fail(f"give a finite number {self._range()}{self.hint}, not {value!r}", param, ctx)
+        below = number <= self.low if self.low_open else number < self.low
+        above = self.high is not None and (number >= self.high if self.high_open else number > self.high)
+        if below or above:
+            self.fail(f"give a number {self._range()}{self.hint}, not {value}", param, ctx)
+        return number
+
+    def _range(self) -> str:
+        return _range_text(self.low, self.high, self.low_open, self.high_open)
+
+
+class Integer(click.ParamType):
+    """An integer in [low, high] (high optional)."""
+
+    name = "integer"
+
+    def __init__(self, low: int, high: int | None = None, hint: str = "") -> None:
+        self.low, self.high, self.hint = low, high, hint
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        number = int(text) if re.fullmatch(r"[+-]?\d+", text) else None
+        if number is None or number < self.low or (self.high is not None and number > self.high):
+            self.fail(f"give an integer {_range_text(self.low, self.high, False, False)}{self.hint}, not {value!r}",
+                      param, ctx)
+        return number
+
+
+class Text(click.ParamType):
+    """Text typed on the command line: it must be UTF-8 (a stray byte arrives as a lone surrogate)."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+        if bad is not None:
+            self.fail(f"holds a byte that is not UTF-8 (character {bad}); pass UTF-8 text, or put the text in a "
+                      "UTF-8 file and use --prompt-file", param, ctx)
+        return value
+
+
+class StopText(Text):
+    """A stop string: UTF-8, non-empty, with backslash escapes decoded (only the ones in STOP_ESCAPES)."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+
+        def decode(match: re.Match) -> str:
+            code = match.group(1)
+            if code in _SIMPLE:
+                return _SIMPLE[code]
+            point = int(code[1:], 16) if code[:1] in ("x", "u", "U") and len(code) > 1 else -1
+            if 0 <= point <= 0x10FFFF and not 0xD800 <= point <= 0xDFFF:
+                return chr(point)
+            self.fail(f"'{value}': bad escape '{match.group(0)}' at character {match.start()}; allowed escapes: "
+                      f"{STOP_ESCAPES} (write \\\\ for a backslash)", param, ctx)
+
+        text = _ESCAPE.sub(decode, value)
+        if not text:
+            self.fail("is empty; give the text that ends generation, e.g. --stop '\\n\\n'", param, ctx)
+        return text
+
+
+def read_utf8(path: str | Path) -> str:
+    """The text of a UTF-8 file; a missing, unreadable, binary or non-UTF-8 file is a ValueError naming it."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory; give a text file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}; check the path") from None
+    if b"\0" in data:
+        raise ValueError(f"{path} is a binary file (a NUL byte at offset {data.index(0)}); give a UTF-8 text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                         "save it as UTF-8") from None
+
+
+class TextFile(click.ParamType):
+    """A UTF-8 text file, read at once: the value is its text."""
+
+    name = "file"
+
+    def convert(self, value, param, ctx):
+        try:
+            return read_utf8(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class PromptSource(click.ParamType):
+    """humaneval, sharegpt, or a JSON file of [{"text": ...}] objects holding at least one prompt."""
+
+    name = "source"
+    NAMED = ("humaneval", "sharegpt")
+
+    def convert(self, value, param, ctx):
+        from runtime.data import prompts_from_file
+
+        if value in self.NAMED:
+            return value
+        if not Path(value).exists():
+            self.fail(f"{value!r} is neither {' nor '.join(self.NAMED)} nor an existing file; check the path", param, ctx)
+        try:
+            json.loads(read_utf8(value))
+        except json.JSONDecodeError as e:
+            self.fail(f"cannot read prompts from {value}: not JSON ({e}); it should hold a JSON list of "
+                      '{"text": ...} objects', param, ctx)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        try:
+            prompts = prompts_from_file(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if not prompts:
+            self.fail(f"{value} holds no prompts ([]); add at least one {{\"text\": ...}} object", param, ctx)
+        return value
+
+
+class MethodList(click.ParamType):
+    """Comma-separated method names of runtime.methods' grammar, parsed: the value is a list of MethodSpec."""
+
+    name = "methods"
+
+    def convert(self, value, param, ctx):
+        from runtime.methods import parse_methods
+
+        if isinstance(value, list):
+            return value
+        try:
+            specs = parse_methods(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if not specs:
+            self.fail("names no method; e.g. --methods ar,csv:screen", param, ctx)
+        return specs
+
+
+class OutputFile(click.ParamType):
+    """A file path the command will write (with `siblings`: the same stem with those suffixes too),
+    checked writable now, before any work: nothing is created or changed by the check."""
+
+    name = "path"
+
+    def __init__(self, siblings: tuple[str, ...] = ()) -> None:
+        self.siblings = siblings
+
+    def convert(self, value, param, ctx):
+        path = Path(value)
+        for target in (path, *(path.with_suffix(s) for s in self.siblings)):
+            problem = unwritable(target)
+            if problem:
+                self.fail(f"cannot write {target}: {problem}; choose a writable path", param, ctx)
+        return path
+
+
+def unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written (None if it can): probed with a temporary file that is removed again."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file is read-only"
+    folder = path.parent
+    while not folder.exists():  # the command creates the missing folders under the nearest existing one
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        return f"no file can be created in {folder} ({e.strerror or e})"
+    return None
+
+
+@contextlib.contextmanager
+def writing(option: str):
+    """Writing a command's output files: an OSError is one line naming the file and the option."""
+    try:
+        yield
+    except OSError as e:
+        raise click.ClickException(f"cannot write {e.filename or 'the output'}: {e.strerror or e}; the results are "
+                                   f"printed above; rerun with a writable {option}") from None
+
+
+TEMPERATURE = Number(0, hint=" (0 = greedy)")
+TOP_P = Number(0, 1, low_open=True, hint=" (1 = off)")
+EPSILON = Number(0, 1, low_open=True, high_open=True, hint=" (the total variation the csv head may allow)")
+SEED = Integer(0, 2**63 - 1)
+COUNT = Integer(1)  # a number of things (tokens, prompts, threads, repeats): at least 1
+NON_NEGATIVE = Integer(0)
