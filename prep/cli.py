@@ -160,7 +160,8 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     """
     from prep.traces import build_traces, parse_layers
     from runtime.models import load_model
-    from runtime.target import TorchTarget, eos_ids
+    from runtime.backends.hf import TransformersTarget
+    from runtime.backends.lean import model_eos_ids
 
     cfg = load_recipe(model)["router"]
     corpus = corpus or cfg["corpus"]
@@ -170,7 +171,7 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     if max_tokens < 1 or shard_tokens < 1 or max_tokens_per_text < 2:
         raise click.BadParameter("token counts must be positive (at least 2 tokens per text)")
     loaded = load_model(model)
-    target = TorchTarget(loaded.model, eos_ids(loaded.model, loaded.tokenizer))
+    target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
     index = build_traces(target, loaded.tokenizer, loaded.info.name, corpus, out, max_tokens, shard_tokens,
                          max_tokens_per_text, tuple(layers))
     tokens = sum(e["tokens"] for e in index["shards"])

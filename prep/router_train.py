@@ -216,9 +216,10 @@ def train_router(
 def router_from_recipe(loaded, artifact, cfg: dict, traces: str | Path, force: bool = False, progress: bool = True) -> dict:
     """The recipe's `[router]` section end to end: prep traces (resumed if begun), then prep train-router."""
     from runtime.session import Session
-    from runtime.target import TorchTarget, eos_ids
+    from runtime.backends.hf import TransformersTarget
+    from runtime.backends.lean import model_eos_ids
 
-    target = TorchTarget(loaded.model, eos_ids(loaded.model, loaded.tokenizer))
+    target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
     build_traces(target, loaded.tokenizer, loaded.info.name, cfg["corpus"], traces, cfg["max_tokens"],
                  max_tokens_per_text=cfg["max_tokens_per_text"], drafter_layers=parse_layers(cfg["drafter_layers"]),
                  progress=progress)

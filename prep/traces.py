@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
 from runtime.data import SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file, sharegpt_conversations, split_of
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 
 INDEX_FILE = "index.json"
 TRACES_FORMAT = 1
@@ -126,7 +126,7 @@ def _shard_name(i: int) -> str:
 
 
 @torch.inference_mode()
-def trace_text(target: TorchTarget, ids: list[int], drafter_layers: list[int]) -> dict[str, torch.Tensor]:
+def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[int]) -> dict[str, torch.Tensor]:
     """One text's per-position tensors (see the module docstring)."""
     tokens = torch.tensor(ids, dtype=torch.long)
     out = target.body(input_ids=tokens.view(1, -1), use_cache=False, output_hidden_states=bool(drafter_layers))
@@ -152,7 +152,7 @@ def trace_text(target: TorchTarget, ids: list[int], drafter_layers: list[int]) -
     return tensors
 
 
-def run_shard(target: TorchTarget, plan: ShardPlan, drafter_layers: list[int], bar: tqdm | None = None) -> dict[str, torch.Tensor]:
+def run_shard(target: TransformersTarget, plan: ShardPlan, drafter_layers: list[int], bar: tqdm | None = None) -> dict[str, torch.Tensor]:
     """Trace every text of a shard; rows of all texts concatenated, `doc` says whose row it is."""
     parts = []
     for ids in plan.ids:
@@ -183,7 +183,7 @@ def read_index(out: Path) -> dict:
 
 
 def build_traces(
-    target: TorchTarget,
+    target: TransformersTarget,
     tokenizer,
     model_name: str,
     corpus: str,

@@ -11,7 +11,7 @@ import torch
 from runtime.sampling import SamplingParams, select_allowed
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
-from runtime.target import TargetModel
+from runtime.backends.base import TargetModel
 
 
 def generate_ar(

@@ -18,7 +18,7 @@ from runtime.drafters.base import Drafter, Proposal
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
-from runtime.target import TargetModel
+from runtime.backends.base import TargetModel
 from runtime.verify import Verdict, verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA

@@ -180,11 +180,11 @@ def gemma_artifact(real_gemma, tmp_path_factory):
 @pytest.fixture(scope="session")
 def gemma_session(real_gemma, gemma_artifact):
     """A runtime Session over the real model and its artifact (without loading the model twice)."""
+    from runtime.backends import reload_target
+    from runtime.backends.lean import model_eos_ids
     from runtime.session import Session
-    from runtime.backend import make_target
-    from runtime.target import eos_ids
 
-    target = make_target(real_gemma.model, eos_ids(real_gemma.model, real_gemma.tokenizer))  # the default backend
+    target = reload_target(real_gemma, "auto", model_eos_ids(real_gemma.model, real_gemma.tokenizer))  # the default backend: native
     return Session(gemma_artifact, real_gemma, target)
 
 
@@ -199,14 +199,14 @@ def qwen_session(real_qwen, tmp_path_factory):
     """A runtime Session over qwen2.5-coder with an artifact holding the screen stage only (seconds to build)."""
     from artifacts import Artifact
     from prep import stages
+    from runtime.backends import reload_target
+    from runtime.backends.lean import model_eos_ids
     from runtime.session import Session
-    from runtime.backend import make_target
-    from runtime.target import eos_ids
 
     path = tmp_path_factory.mktemp("qwen-art") / "art"
     source = stages.HeadSource(real_qwen, Artifact.create(path, real_qwen.info, stages.created_by()))
     stages.write_screen(source, group_size=None, force=False)
-    target = make_target(real_qwen.model, eos_ids(real_qwen.model, real_qwen.tokenizer))  # the default backend
+    target = reload_target(real_qwen, "auto", model_eos_ids(real_qwen.model, real_qwen.tokenizer))  # the default backend: native
     return Session(Artifact.open(path), real_qwen, target)
 
 

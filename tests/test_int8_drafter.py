@@ -10,9 +10,10 @@ from runtime.drafters import build_drafter
 from runtime.drafters.int8 import Int8Drafter, Int8Projection, int8_copy
 from runtime.heads import FullHead
 from runtime.sampling import SamplingParams
-from runtime.lean import LeanTarget, Projection
+from runtime.backends.decoder import Projection
+from runtime.backends.lean import lean_target
 from runtime.speculative import generate_speculative
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 from conftest import tiny_causal_lm
 
 
@@ -31,7 +32,7 @@ def test_int8_projection_is_close_and_uses_dense_weights_for_long_inputs() -> No
 
 
 def test_int8_copy_shares_everything_but_the_projections() -> None:
-    target = LeanTarget(tiny_causal_lm("gemma3"), set())
+    target = lean_target(tiny_causal_lm("gemma3"), set())
     copy = int8_copy(target)
     assert copy.layers[0].input_norm is target.layers[0].input_norm
     assert isinstance(copy.layers[0].gate_up, Int8Projection)
@@ -47,7 +48,7 @@ def test_int8_copy_shares_everything_but_the_projections() -> None:
 
 def test_int8_drafter_needs_the_lean_backend() -> None:
     model = tiny_causal_lm("qwen2")
-    target = TorchTarget(model, set())
+    target = TransformersTarget(model, set())
     with pytest.raises(ValueError, match="lean or native backend"):
         Int8Drafter(target, FullHead(target.head_weight))
 
@@ -55,7 +56,7 @@ def test_int8_drafter_needs_the_lean_backend() -> None:
 @pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_int8_drafts_are_accepted_and_greedy_output_is_the_target_s(arch: str, temperature: float) -> None:
-    target = LeanTarget(tiny_causal_lm(arch), set())
+    target = lean_target(tiny_causal_lm(arch), set())
     head = FullHead(target.head_weight, target.head_bias)
     drafter = build_drafter("int8", target, FullHead(target.head_weight, target.head_bias))
     prompt = torch.randint(0, 128, (10,), generator=torch.Generator().manual_seed(2))
@@ -72,7 +73,7 @@ def test_int8_drafter_on_real_gemma_keeps_greedy_tokens(gemma_session) -> None:
     """gemma3-270m on the lean backend, int8 drafter with the int8 screening head: same tokens as plain decoding."""
     from runtime.heads.screen_draft import ScreenDraftHead
 
-    target = LeanTarget(gemma_session.model.model, gemma_session.target.eos_token_ids)
+    target = lean_target(gemma_session.model.model, gemma_session.target.eos_token_ids)
     head = FullHead(target.head_weight)
     drafter = Int8Drafter(target, ScreenDraftHead(gemma_session.screen_bound()))
     for text in ("def quicksort(items):\n", "The capital of France is"):

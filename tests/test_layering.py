@@ -27,7 +27,7 @@ def test_runtime_imports_no_training_or_clustering_library():
 LAYERS = [
     ("runtime.numerics", "runtime.kernels", "runtime.sampling", "runtime.stats", "runtime.models", "runtime.data",
      "runtime.prompting", "runtime.stopping", "runtime.router", "runtime.describe"),
-    ("runtime.backends", "runtime.backend", "runtime.lean", "runtime.target", "runtime.heads", "runtime.verify",
+    ("runtime.backends", "runtime.heads", "runtime.verify",
      "runtime.trees", "runtime.verify_tree"),
     ("runtime.drafters", "runtime.session"),
     ("runtime.decode", "runtime.speculative"),

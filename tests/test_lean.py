@@ -6,21 +6,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.backend import backend_name, make_target
+from runtime.backends import choose_backend, make_target
 from runtime.decode import generate_ar
 from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
 from runtime.sampling import SamplingParams
 from runtime.kernels import SKINNY_MAX_ROWS, kernel_name, linear
-from runtime.lean import LeanTarget, UnsupportedModel
+from runtime.backends.decoder import UnsupportedModel
+from runtime.backends.lean import lean_target
 from runtime.speculative import generate_speculative
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 from conftest import TINY_ARCHS, tiny_causal_lm
 
 
 
 
-def hidden_in_chunks(target: TorchTarget, tokens: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+def hidden_in_chunks(target: TransformersTarget, tokens: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     """Feed tokens in chunks of the given sizes; the hidden states [T_i, d] of each chunk."""
     cache, out, start = target.new_cache(), [], 0
     for size in sizes:
@@ -35,15 +36,15 @@ def test_lean_matches_transformers_across_chunks_and_windows(arch: str) -> None:
     model = tiny_causal_lm(arch)
     tokens = torch.randint(0, 128, (30,), generator=torch.Generator().manual_seed(0))
     sizes = [9, 1, 4, 1, 1, 8, 6]
-    reference = hidden_in_chunks(TorchTarget(model, set()), tokens, sizes)
-    lean = hidden_in_chunks(LeanTarget(model, set()), tokens, sizes)
+    reference = hidden_in_chunks(TransformersTarget(model, set()), tokens, sizes)
+    lean = hidden_in_chunks(lean_target(model, set()), tokens, sizes)
     for ref, ours in zip(reference, lean):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_lean_crop_rolls_back_exactly() -> None:
     """After a crop, re-feeding other tokens gives what a fresh cache gives."""
-    target = LeanTarget(tiny_causal_lm("gemma3"), set())
+    target = lean_target(tiny_causal_lm("gemma3"), set())
     tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(5))
     cache = target.new_cache()
     target.forward(tokens[:12], cache)
@@ -58,8 +59,8 @@ def test_lean_crop_rolls_back_exactly() -> None:
 def test_lean_cache_grows_past_its_initial_capacity() -> None:
     model = tiny_causal_lm("llama")
     tokens = torch.randint(0, 128, (700,), generator=torch.Generator().manual_seed(6))
-    reference = hidden_in_chunks(TorchTarget(model, set()), tokens, [600, 1, 99])
-    lean = hidden_in_chunks(LeanTarget(model, set()), tokens, [600, 1, 99])
+    reference = hidden_in_chunks(TransformersTarget(model, set()), tokens, [600, 1, 99])
+    lean = hidden_in_chunks(lean_target(model, set()), tokens, [600, 1, 99])
     for ref, ours in zip(reference, lean):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
@@ -68,13 +69,14 @@ def test_backend_choice_and_errors() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     llama = tiny_causal_lm("llama")
-    assert backend_name(make_target(llama, set())) == "lean"
-    assert backend_name(make_target(llama, set(), "transformers")) == "transformers"
+    assert choose_backend("auto", None, llama.config) == "lean"  # an HF model: no GGUF to read natively
+    assert make_target("lean", config=llama.config, eos_token_ids=set(), model=llama).name == "lean"
+    assert make_target("transformers", config=llama.config, eos_token_ids=set(), model=llama).name == "transformers"
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(UnsupportedModel, match="--backend transformers"):
-        LeanTarget(gpt2, set())
+        lean_target(gpt2, set())
     with pytest.raises(ValueError, match="unknown backend"):
-        make_target(llama, set(), "onnx")
+        choose_backend("onnx", None, llama.config)
 
 
 @pytest.mark.parametrize("rows,out,d", [(1, 37, 640), (3, 1001, 900), (SKINNY_MAX_ROWS, 64, 48), (5, 8, 16)])
@@ -91,7 +93,7 @@ def test_skinny_linear_matches_torch_and_is_batch_invariant(rows: int, out: int,
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
 def test_greedy_speculative_equals_plain_on_lean_backend(arch: str) -> None:
-    target = LeanTarget(tiny_causal_lm(arch), set())
+    target = lean_target(tiny_causal_lm(arch), set())
     head = FullHead(target.head_weight, target.head_bias)
     prompt = torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 9, 10, 11, 5, 6, 7])
     params, generator = SamplingParams(), torch.Generator()
@@ -105,8 +107,8 @@ def test_greedy_speculative_equals_plain_on_lean_backend(arch: str) -> None:
 def test_lean_matches_transformers_on_real_gemma(real_gemma) -> None:
     """Real gemma3-270m: the hidden states of a prompt and of 1- and 5-token steps agree; so do greedy tokens."""
     ids = real_gemma.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", return_tensors="pt").input_ids[0]
-    reference = TorchTarget(real_gemma.model, set())
-    lean = LeanTarget(real_gemma.model, set())
+    reference = TransformersTarget(real_gemma.model, set())
+    lean = lean_target(real_gemma.model, set())
     tokens = torch.cat([ids, torch.tensor([1000, 2000, 3000, 4000, 5000, 6000])])
     sizes = [len(ids), 1, 5]
     for ref, ours in zip(hidden_in_chunks(reference, tokens, sizes), hidden_in_chunks(lean, tokens, sizes)):

@@ -19,7 +19,7 @@ from runtime.drafters.model import head_in_target_space
 from runtime.heads import FullHead
 from runtime.models import load_model
 from runtime.speculative import generate_speculative
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 from runtime.sampling import SamplingParams, TokenBan
 from runtime.verify import Verdict
 
@@ -31,7 +31,7 @@ PROMPTS = [[5, 6, 7, 8] * 5, list(range(10, 30)), [3], [201, 17, 88, 4, 150, 9, 
 def pair(tiny_model_dir, tiny_draft_model_dir):
     """(target, target's ModelInfo, drafter directory) with no EOS: every run uses its whole budget."""
     loaded = load_model(str(tiny_model_dir), progress=False)
-    return TorchTarget(loaded.model, set()), loaded.info, tiny_draft_model_dir
+    return TransformersTarget(loaded.model, set()), loaded.info, tiny_draft_model_dir
 
 
 def model_drafter(pair) -> ModelDrafter:

@@ -14,7 +14,7 @@ from runtime.drafters import LayerDrafter, NgramDrafter, Proposal
 from runtime.methods import DrafterSpec, parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.speculative import drop_banned, generate_speculative, next_gamma
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, warp
 from runtime.verify import Verdict
 
@@ -34,27 +34,27 @@ def tiny_model(tiny_llama) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def target(tiny_model) -> TorchTarget:
-    return TorchTarget(tiny_model, set())  # no EOS: every run produces its full token budget
+def target(tiny_model) -> TransformersTarget:
+    return TransformersTarget(tiny_model, set())  # no EOS: every run produces its full token budget
 
 
-def full_head(target: TorchTarget) -> FullHead:
+def full_head(target: TransformersTarget) -> FullHead:
     return FullHead(target.head_weight, target.head_bias)
 
 
-def certified_head(target: TorchTarget) -> CertifiedHead:
+def certified_head(target: TransformersTarget) -> CertifiedHead:
     tensors, _ = build_screen(target.head_weight, group_size=0, progress=False)
     bound = ScreenBound.from_stage(target.head_weight, target.head_bias, tensors)
     return CertifiedHead(target.head_weight, target.head_bias, bound)
 
 
-def make_drafter(spec: str, target: TorchTarget):
+def make_drafter(spec: str, target: TransformersTarget):
     if spec == "ngram":
         return NgramDrafter()
     return LayerDrafter(target, int(spec.split(":")[1]), full_head(target))
 
 
-def ar_tokens(target: TorchTarget, prompt: list[int], n: int = NEW_TOKENS) -> list[int]:
+def ar_tokens(target: TransformersTarget, prompt: list[int], n: int = NEW_TOKENS) -> list[int]:
     return generate_ar(target, full_head(target), torch.tensor(prompt), n)[0]
 
 
@@ -107,7 +107,7 @@ def test_eos_at_any_position(tiny_model, target):
     prompt = torch.tensor(PROMPTS["repetitive"])
     reference = ar_tokens(target, PROMPTS["repetitive"], 30)
     for eos in sorted(set(reference)):
-        stopping = TorchTarget(tiny_model, {eos})
+        stopping = TransformersTarget(tiny_model, {eos})
         expected = reference[: reference.index(eos) + 1]
         for drafter in (NgramDrafter(), make_drafter("layers:1", stopping)):
             tokens, _ = generate_speculative(stopping, full_head(stopping), drafter, prompt, 30)
@@ -129,8 +129,8 @@ GUARD = 4
 
 def test_guard_keeps_eos_out_of_the_first_tokens_of_generate_ar(tiny_model):
     prompt = PROMPTS["random"]
-    reference = ar_tokens(TorchTarget(tiny_model, set()), prompt, 12)
-    stopping = TorchTarget(tiny_model, {reference[0]})  # the first greedy token ends the answer at once
+    reference = ar_tokens(TransformersTarget(tiny_model, set()), prompt, 12)
+    stopping = TransformersTarget(tiny_model, {reference[0]})  # the first greedy token ends the answer at once
     assert generate_ar(stopping, full_head(stopping), torch.tensor(prompt), 12)[0] == reference[:1]
     guarded, stats = generate_ar(stopping, full_head(stopping), torch.tensor(prompt), 12, min_new_tokens=GUARD)
     assert len(guarded) > GUARD and reference[0] not in guarded[:GUARD]
@@ -147,9 +147,9 @@ def test_guarded_speculative_equals_guarded_generate_ar(tiny_model, drafter, hea
     fired = 0
     for name in ("repetitive", "random"):
         prompt = PROMPTS[name]
-        reference = ar_tokens(TorchTarget(tiny_model, set()), prompt, 30)
+        reference = ar_tokens(TransformersTarget(tiny_model, set()), prompt, 30)
         for eos in sorted(set(reference[:8])):
-            stopping = TorchTarget(tiny_model, {eos})
+            stopping = TransformersTarget(tiny_model, {eos})
             head = full_head(stopping) if head_kind == "full" else certified_head(stopping)
             expected = generate_ar(stopping, full_head(stopping), torch.tensor(prompt), 30, min_new_tokens=GUARD)[0]
             tokens, stats = generate_speculative(stopping, head, make_drafter(drafter, stopping), torch.tensor(prompt),
@@ -204,7 +204,7 @@ def test_guarded_sampled_loop_follows_the_guarded_target(point_mass):
 class RecordingTarget:
     """Delegates to a target and keeps the caches it hands out, so a test can inspect them afterwards."""
 
-    def __init__(self, target: TorchTarget) -> None:
+    def __init__(self, target: TransformersTarget) -> None:
         self.target = target
         self.caches = []
 

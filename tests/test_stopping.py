@@ -14,7 +14,7 @@ from runtime.drafters import LayerDrafter, NgramDrafter
 from runtime.heads import FullHead
 from runtime.speculative import generate_speculative
 from runtime.stopping import StopStrings
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 
 NEW_TOKENS = 20
 PROMPT = [5, 6, 7, 8] * 5
@@ -26,7 +26,7 @@ def tiny(tiny_model_dir):
     from runtime.models import load_model
 
     loaded = load_model(str(tiny_model_dir), progress=False)
-    return TorchTarget(loaded.model, set()), loaded.tokenizer
+    return TransformersTarget(loaded.model, set()), loaded.tokenizer
 
 
 def first_hit(tokenizer, tokens: list[int], stops: list[str]) -> int | None:

@@ -11,13 +11,13 @@ from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
 from runtime.speculative import generate_speculative
 from runtime.stats import SpecStats, expected_tokens
-from runtime.target import TorchTarget
+from runtime.backends.hf import TransformersTarget
 from runtime.verify import Verdict
 
 
 @pytest.fixture(scope="module")
-def target(tiny_llama) -> TorchTarget:
-    return TorchTarget(tiny_llama, set())
+def target(tiny_llama) -> TransformersTarget:
+    return TransformersTarget(tiny_llama, set())
 
 
 class CountingHead(FullHead):

@@ -16,7 +16,7 @@ import torch
 
 from runtime.sampling import SamplingParams
 from runtime.stats import expected_tokens
-from runtime.target import TargetModel
+from runtime.backends.base import TargetModel
 
 CONTEXT = 180  # tokens in the cache before the verify forward (the reference setting)
 MAX_N = 8

@@ -22,7 +22,7 @@ from runtime.drafters.int8 import Int8Drafter
 from runtime.drafters.layers import LayerDrafter
 from runtime.heads.shortlist import ShortlistHead
 from runtime.router import ONNX_FILE, SCHEDULES, RouterRunner
-from runtime.target import TorchTarget
+from runtime.backends.base import TargetModel
 
 
 @dataclass
@@ -42,13 +42,13 @@ class RouterStage:
         """The router run by ONNX Runtime ("onnx") or torch ("torch")."""
         return RouterRunner(self.tensors, self.onnx_path, engine)
 
-    def cluster_head(self, target: TorchTarget, context: bool = True) -> ShortlistHead:
+    def cluster_head(self, target: TargetModel, context: bool = True) -> ShortlistHead:
         """A shortlist head over the router's clusters (the always-kept ids, and with `context` the
         sequence's tokens, included at every step)."""
         labels, always = self.tensors["cluster_labels"], self.tensors["always_ids"]
         return ShortlistHead(target.head_weight, target.head_bias, labels, always, context)
 
-    def frequent_head(self, target: TorchTarget, tokens: int, context: bool = True) -> ShortlistHead:
+    def frequent_head(self, target: TargetModel, tokens: int, context: bool = True) -> ShortlistHead:
         """FR-Spec: the `tokens` most frequent next tokens of the training traces, plus the always-kept
         ids (and with `context` the sequence's tokens)."""
         if not 1 <= tokens <= target.vocab_size:
@@ -98,7 +98,7 @@ class RoutedDrafting(ShortlistDrafting):
     """
 
     def route_with(
-        self, target: TorchTarget, router: RouterRunner, k_max: int, schedule: str = "fixed", overlap: bool = False
+        self, target: TargetModel, router: RouterRunner, k_max: int, schedule: str = "fixed", overlap: bool = False
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown cluster schedule {schedule!r}; use {' or '.join(SCHEDULES)}")
@@ -153,7 +153,7 @@ class RoutedLayerDrafter(RoutedDrafting, LayerDrafter):
     """The layers:N drafter with a router-chosen shortlist head (DynaSpec)."""
 
     def __init__(
-        self, target: TorchTarget, layers: int, head: ShortlistHead, router: RouterRunner, k_max: int,
+        self, target: TargetModel, layers: int, head: ShortlistHead, router: RouterRunner, k_max: int,
         schedule: str = "fixed", overlap: bool = False,
     ) -> None:
         LayerDrafter.__init__(self, target, layers, head)
@@ -165,7 +165,7 @@ class RoutedInt8Drafter(RoutedDrafting, Int8Drafter):
     final hidden state, which the int8 copy approximates)."""
 
     def __init__(
-        self, target: TorchTarget, head: ShortlistHead, router: RouterRunner, k_max: int,
+        self, target: TargetModel, head: ShortlistHead, router: RouterRunner, k_max: int,
         schedule: str = "fixed", overlap: bool = False,
     ) -> None:
         Int8Drafter.__init__(self, target, head)

@@ -18,7 +18,7 @@ from runtime.drafters.dynaspec import (
     RoutedInt8Drafter, RoutedLayerDrafter, RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter,
 )
 from runtime.router import ENGINES, SCHEDULES
-from runtime.target import TorchTarget
+from runtime.backends.base import TargetModel
 
 SHORTLIST_HELP = "dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:context=0|1] or frspec:layers:N|int8:TOKENS[:context=0|1]"
 DEFAULTS = {"k": "16", "schedule": "fixed", "router": "onnx", "overlap": "1", "context": "1"}
@@ -47,7 +47,7 @@ def parse_shortlisted(name: str, args: list[str]) -> tuple[str, ...]:
     return (kind, *(f"{key}={options.get(key, default)}" for key, default in DEFAULTS.items()))
 
 
-def build_shortlisted(name: str, args: tuple[str, ...], target: TorchTarget, artifact: Artifact):
+def build_shortlisted(name: str, args: tuple[str, ...], target: TargetModel, artifact: Artifact):
     """The drafter named by `name` and parse_shortlisted's canonical `args`; its ShortlistHead is `drafter.head`."""
     kind = args[0]
     options = dict(part.split("=", 1) for part in args if "=" in part)
