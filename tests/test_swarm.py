@@ -158,3 +158,69 @@ def test_sampling_end_to_end_follows_the_target(target) -> None:
     assert set(counts) <= set(exact)
     tv = 0.5 * sum(abs(counts.get(key, 0) / runs - p) for key, p in exact.items())
     assert tv < 0.07, (tv, counts, exact)
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_model_dir, tmp_path_factory):
+    from prep.cli import main as prep_main
+
+    out = tmp_path_factory.mktemp("swarm") / "art"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
+        assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"]).exit_code == 0
+    return out
+
+
+def test_generate_and_bench_accept_the_tree_methods(artifact, tmp_path, monkeypatch) -> None:
+    """Every swarm / mjsd name runs in both commands; bench counts swarm as identical to greedy and
+    never mjsd (not distribution-preserving: no identity claim)."""
+    from runtime.cli import main as runtime_main
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(artifact.parent / "cache"))
+    names = ["swarm:layers:1:4", "swarm:int8:2:gamma=3:nodes=8+csv", "swarm:layers:1:8:nodes=32", "mjsd:layers:1",
+             "mjsd:int8:beam=2:tau=0.5:gamma=3"]
+    prompt = "w5 w9 w31 w5 w9"
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": prompt}]))
+    out = tmp_path / "bench.json"
+    bench = CliRunner().invoke(runtime_main, ["bench", str(artifact), "--prompts", str(prompts), "--methods",
+                                              ",".join(["ar"] + names), "-n", "1", "--max-new-tokens", "12",
+                                              "--json", str(out)])
+    assert bench.exit_code == 0, bench.output
+    rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
+    assert all(rows[name]["identical_to_greedy"] == 1.0 for name in names if name.startswith("swarm"))
+    assert all(rows[name]["identical_to_greedy"] is None and not rows[name]["distribution_preserving"]
+               for name in names if name.startswith("mjsd"))
+    texts = {}
+    for name in ["ar"] + names:
+        result = CliRunner().invoke(runtime_main, ["generate", str(artifact), "--method", name, "--prompt", prompt,
+                                                   "--max-new-tokens", "12", "--threads", "1"])
+        assert result.exit_code == 0, result.output
+        texts[name] = result.stdout
+    assert all(texts[name] == texts["ar"] for name in names if name.startswith("swarm")) and texts["ar"].strip()
+
+
+def test_transformers_backend_refuses_tree_methods(artifact, monkeypatch) -> None:
+    from runtime.cli import main as runtime_main
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(artifact.parent / "cache"))
+    result = CliRunner().invoke(runtime_main, ["generate", str(artifact), "--method", "swarm:layers:1:4", "--prompt",
+                                               "w5 w9", "--backend", "transformers"])
+    assert result.exit_code != 0 and "--backend lean|native" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["swarm:int8:4", "swarm:layers:12:2:gamma=5:nodes=32"])
+def test_real_gemma_greedy_swarm_equals_ar(gemma_session, name) -> None:
+    from runtime.method_builders import build_method
+
+    from tests.conftest import real_texts
+
+    method, reference = build_method(gemma_session, name), build_method(gemma_session, "ar")
+    accepted = 0
+    for text in real_texts()[:2]:
+        prompt = torch.tensor(gemma_session.tokenizer(text)["input_ids"])
+        tokens, stats = method.decode(prompt, 48, SamplingParams(), None)
+        assert tokens == reference.decode(prompt, 48, SamplingParams(), None)[0]
+        accepted += stats.spec.accepted
+    assert accepted > 0
