@@ -11,7 +11,7 @@ import click
 from artifacts import Artifact
 from artifacts.format import Stage
 from prep import stages
-from prep.recipes import load_recipe, recipe_hidden
+from prep.recipes import load_recipe, overridden
 from prep.router_loss import LOSSES
 from prep.screen import check_group_size
 from runtime.cli import clean_errors as runtime_clean_errors
@@ -78,13 +78,12 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
     prep cluster qwen2.5-coder-0.5b-instruct -o art/qwen --clusters 1024 --force
     """
     recipe = load_recipe(model)
-    cfg = recipe["cluster"]
-    clusters = cfg["clusters"] if clusters is None else clusters
-    iterations = cfg["iterations"] if iterations is None else iterations
-    group = parse_group_size(recipe["screen"]["group_size"] if group_size is None else group_size)
+    cfg = overridden(recipe.cluster, clusters=clusters, iterations=iterations)
+    clusters, iterations = cfg.clusters, cfg.iterations
+    group = parse_group_size(overridden(recipe.screen, group_size=group_size).group_size)
     if clusters < 1 or iterations < 1:
         raise click.BadParameter("--clusters and --iterations must be at least 1")
-    requested = {Stage.CLUSTERS: stages.cluster_request(clusters, iterations, cfg["top_m_bias"], seed),
+    requested = {Stage.CLUSTERS: stages.cluster_request(clusters, iterations, cfg.top_m_bias, seed),
                  Stage.SCREEN: stages.screen_request(group)}
     with stages.output_artifact(out, force) as path:
         todo = stages.plan(stages.existing(path, model), requested, force)
@@ -93,7 +92,7 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
             if group:
                 check_group_size(group, source.artifact.model.hidden_size)
         if Stage.CLUSTERS in todo:
-            stages.write_clusters(source, clusters, iterations, cfg["top_m_bias"], seed, force)
+            stages.write_clusters(source, clusters, iterations, cfg.top_m_bias, seed, force)
         if Stage.SCREEN in todo:
             stages.write_screen(source, group, force)
     click.echo(f"{path}: stages {', '.join(todo) or 'none'} written, {', '.join(sorted(set(requested) - set(todo))) or 'none'} kept")
@@ -115,9 +114,9 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
     prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
     """
     recipe = load_recipe(model)
-    cfg = recipe["cluster"]
-    group = parse_group_size(recipe["screen"]["group_size"])
-    requested = {Stage.CLUSTERS: stages.cluster_request(cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0),
+    cfg = recipe.cluster
+    group = parse_group_size(recipe.screen.group_size)
+    requested = {Stage.CLUSTERS: stages.cluster_request(cfg.clusters, cfg.iterations, cfg.top_m_bias, 0),
                  Stage.SCREEN: stages.screen_request(group)}
     if with_router:
         requested[Stage.ROUTER] = {}
@@ -128,14 +127,14 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
             return
         source = stages.open_for_writing(model, path, force)
         if Stage.CLUSTERS in todo:
-            stages.write_clusters(source, cfg["clusters"], cfg["iterations"], cfg["top_m_bias"], 0, force)
+            stages.write_clusters(source, cfg.clusters, cfg.iterations, cfg.top_m_bias, 0, force)
         if Stage.SCREEN in todo:
             stages.write_screen(source, group, force)
         if Stage.ROUTER in todo:
             from prep.router_train import router_from_recipe
 
             traces_dir = traces_dir or str(Path("traces") / Path(out).name)
-            params = router_from_recipe(source.model, source.artifact, recipe["router"], traces_dir, force)
+            params = router_from_recipe(source.model, source.artifact, recipe.router, traces_dir, force)
             click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
                        f"traces in {traces_dir}", err=True)
     click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
@@ -163,11 +162,10 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     from runtime.backends.hf import TransformersTarget
     from runtime.backends.lean import model_eos_ids
 
-    cfg = load_recipe(model)["router"]
-    corpus = corpus or cfg["corpus"]
-    max_tokens = max_tokens or cfg["max_tokens"]
-    max_tokens_per_text = max_tokens_per_text or cfg["max_tokens_per_text"]
-    layers = parse_layers(cfg["drafter_layers"] if drafter_layers is None else drafter_layers)
+    cfg = overridden(load_recipe(model).router, corpus=corpus, max_tokens=max_tokens,
+                     max_tokens_per_text=max_tokens_per_text, drafter_layers=drafter_layers)
+    corpus, max_tokens, max_tokens_per_text = cfg.corpus, cfg.max_tokens, cfg.max_tokens_per_text
+    layers = parse_layers(cfg.drafter_layers)
     if max_tokens < 1 or shard_tokens < 1 or max_tokens_per_text < 2:
         raise click.BadParameter("token counts must be positive (at least 2 tokens per text)")
     loaded = load_model(model)
@@ -208,18 +206,17 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     prep train-router art/g270 --traces traces/g270 --loss multilabel --work-dir runs/ml --force
     prep train-router art/g270 --traces traces/g270 --devices 4 --strategy ddp --precision bf16-mixed
     """
-    from prep.router_train import train_router
+    from prep.router_train import RouterConfig, train_router
     from runtime.session import open_session
 
     with stages.adding_stage(artifact, Stage.ROUTER, force):
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
-        cfg = load_recipe(session.model.info.name)["router"]
+        cfg = overridden(load_recipe(session.model.info.name).router, clusters=clusters, hidden=hidden, loss=loss,
+                         width=width, max_steps=max_steps, batch_size=batch_size)
         flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
                  "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
-        params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", clusters or cfg["clusters"],
-                              hidden or recipe_hidden(cfg), width or cfg["width"], max_steps or cfg["max_steps"],
-                              batch_size or cfg["batch_size"], lr, seed, loss=loss or cfg["loss"], trainer_flags=flags,
-                              force=force)
+        config = RouterConfig.from_recipe(cfg, lr=lr, seed=seed, trainer_flags=flags)
+        params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", config, force=force)
     recall = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/recall@")}
     sizes = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/shortlist@")}
     for k in recall:

@@ -1,38 +1,120 @@
-"""Recipes: one TOML per packaged model saying which parameters each prep stage uses."""
+"""Recipes: one TOML per packaged model saying which parameters each prep stage uses, read into dataclasses.
+
+A recipe file has sections [cluster], [screen] and [router] (and a top-level `model`); every key
+of a section is a field of that section's dataclass below, and a key that is not is an error naming
+the valid ones. Command-line flags override recipe values through `overridden` only: a flag left at
+None means "the recipe's value".
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, get_type_hints
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
-# Used for models without a recipe (a local directory or .gguf file).
-DEFAULTS = {
-    "cluster": {"clusters": 1024, "iterations": 10, "top_m_bias": 3},
-    "screen": {"group_size": "auto"},
-    # DynaSpec: prep traces + prep train-router (prep all --with-router). drafter_layers: the layers:N
-    # hidden states the traces also store (0: none); hidden: the router's input, final (the int8
-    # drafter's), layers:N, or auto (the traces' only drafter depth, else final).
-    "router": {
-        "corpus": "sharegpt", "max_tokens": 40_000, "max_tokens_per_text": 512, "drafter_layers": 0,
-        "hidden": "auto", "clusters": 256, "width": 512, "max_steps": 1000, "batch_size": 256, "loss": "ce",
-    },
-}
+
+class RecipeError(ValueError):
+    """A recipe file that cannot be used (unknown key, wrong type)."""
 
 
-def recipe_hidden(cfg: dict) -> str | None:
-    """The router's hidden input from a `[router]` section; None = the traces decide (auto)."""
-    return None if cfg["hidden"] == "auto" else cfg["hidden"]
+@dataclass(frozen=True)
+class ClusterRecipe:
+    """[cluster]: LM-head spherical k-means (the cluster bound)."""
+
+    clusters: int = 1024
+    iterations: int = 10
+    top_m_bias: int = 3
 
 
-def load_recipe(model: str) -> dict:
-    """The recipe of a packaged model merged over the defaults; defaults alone for other models."""
-    recipe = {stage: dict(values) for stage, values in DEFAULTS.items()}
+@dataclass(frozen=True)
+class ScreenRecipe:
+    """[screen]: the int8 screening head."""
+
+    group_size: str | int = "auto"  # auto (measured at prep time), row, or a group size such as 32
+
+
+@dataclass(frozen=True)
+class RouterRecipe:
+    """[router]: DynaSpec traces (prep traces) and router training (prep train-router)."""
+
+    corpus: str = "sharegpt"
+    max_tokens: int = 40_000
+    max_tokens_per_text: int = 512
+    drafter_layers: int | str = 0  # layers:N hidden states the traces also store: 16, "15,16"; 0 = none
+    hidden: str = "auto"  # the router's input: final (the int8 drafter's), layers:N, or auto (the traces decide)
+    clusters: int = 256
+    width: int = 512
+    max_steps: int = 1000
+    batch_size: int = 256
+    loss: str = "ce"
+
+    @property
+    def router_hidden(self) -> str | None:
+        """The router's hidden input; None = the traces decide (auto)."""
+        return None if self.hidden == "auto" else self.hidden
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model's recipe: one dataclass per section."""
+
+    model: str | None = None
+    cluster: ClusterRecipe = field(default_factory=ClusterRecipe)
+    screen: ScreenRecipe = field(default_factory=ScreenRecipe)
+    router: RouterRecipe = field(default_factory=RouterRecipe)
+
+
+# Used for models without a recipe (a local directory or .gguf file), and under every recipe file.
+DEFAULTS = Recipe()
+
+
+def load_recipe(model: str) -> Recipe:
+    """The recipe of a packaged model over DEFAULTS; DEFAULTS alone for other models."""
     path = RECIPES_DIR / f"{model}.toml"
-    if path.is_file():
+    if not path.is_file():
+        return DEFAULTS
+    try:
         with path.open("rb") as f:
-            for stage, values in tomllib.load(f).items():
-                if isinstance(values, dict):
-                    recipe.setdefault(stage, {}).update(values)
-    return recipe
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"{path} is not valid TOML ({e}); fix the file") from None
+    return parse_recipe(data, str(path))
+
+
+def parse_recipe(data: dict[str, Any], where: str = "the recipe") -> Recipe:
+    """A Recipe from a TOML table: sections over DEFAULTS' sections, every key and type checked."""
+    sections = {f.name for f in dataclasses.fields(Recipe)} - {"model"}
+    unknown = sorted(set(data) - sections - {"model"})
+    if unknown:
+        raise RecipeError(f"{where}: unknown section or key {', '.join(repr(k) for k in unknown)}; valid: model, "
+                          f"{', '.join(f'[{s}]' for s in sorted(sections))}")
+    values: dict[str, Any] = {"model": data.get("model", DEFAULTS.model)}
+    for name in sections:
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            raise RecipeError(f"{where}: {name} must be a [{name}] section, not a {type(table).__name__}")
+        values[name] = _section(getattr(DEFAULTS, name), table, f"{where} [{name}]")
+    return Recipe(**values)
+
+
+def overridden(section, **flags):
+    """`section` with each flag that is not None in place of the recipe's value (the one place flags meet recipes)."""
+    return dataclasses.replace(section, **{key: value for key, value in flags.items() if value is not None})
+
+
+def _section(defaults, table: dict[str, Any], where: str):
+    """`defaults` (a section dataclass) with the table's values, each key known and of its field's type."""
+    hints = get_type_hints(type(defaults))
+    known = [f.name for f in dataclasses.fields(defaults)]
+    for key, value in table.items():
+        if key not in known:
+            raise RecipeError(f"{where}: unknown key {key!r}; valid keys: {', '.join(known)}")
+        allowed = tuple(getattr(hints[key], "__args__", (hints[key],)))
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            kinds = " or ".join(t.__name__ for t in allowed)
+            raise RecipeError(f"{where}: {key} = {value!r} should be {kinds}")
+    return dataclasses.replace(defaults, **table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from artifacts import StageExists
 from artifacts.format import Stage
 from prep.cluster import _compact, spherical_kmeans
-from prep.recipes import recipe_hidden
+from prep.recipes import RouterRecipe
 from prep.router_loss import positive_clusters, router_loss
 from prep.traces import SPLITS, build_traces, load_traces, parse_layers, read_index
 from runtime.router import ONNX_FILE, Router, export_onnx
@@ -134,51 +135,61 @@ def router_clusters(weight: torch.Tensor, clusters: int, iterations: int, seed: 
     return _compact(spherical_kmeans(weight, clusters, iterations, seed, progress))
 
 
-def train_router(
-    session,
-    traces: str | Path,
-    work_dir: str | Path,
-    clusters: int = 256,
-    hidden: str | None = None,
-    width: int = 512,
-    max_steps: int = 2000,
-    batch_size: int = 256,
-    lr: float = 1e-3,
-    seed: int = 0,
-    kmeans_iterations: int = 10,
-    loss: str = "ce",
-    trainer_flags: dict | None = None,
-    progress: bool = True,
-    force: bool = False,
-) -> dict:
+@dataclass(frozen=True)
+class RouterConfig:
+    """How `train_router` trains: the router's shape, the optimisation, and Lightning's trainer flags."""
+
+    clusters: int = 256  # token clusters M (spherical k-means of the head rows)
+    hidden: str | None = None  # final or layers:N; None: the traces' only drafter depth, else final
+    width: int = 512  # router MLP width
+    max_steps: int = 2000
+    batch_size: int = 256
+    lr: float = 1e-3
+    seed: int = 0
+    kmeans_iterations: int = 10
+    loss: str = "ce"  # ce or multilabel (prep.router_loss)
+    trainer_flags: dict = field(default_factory=dict)  # Lightning Trainer flags: devices, accelerator, ...
+    progress: bool = True
+
+    @classmethod
+    def from_recipe(cls, recipe: RouterRecipe, **options) -> "RouterConfig":
+        """The training fields of a recipe's [router] section (flags already applied), plus `options`."""
+        return cls(clusters=recipe.clusters, hidden=recipe.router_hidden, width=recipe.width, max_steps=recipe.max_steps,
+                   batch_size=recipe.batch_size, loss=recipe.loss, **options)
+
+
+def train_router(session, traces: str | Path, work_dir: str | Path, config: RouterConfig = RouterConfig(),
+                 force: bool = False) -> dict:
     """Train, validate and export stage `router` into the session's artifact; returns its params."""
     if session.artifact.has_stage(Stage.ROUTER) and not force:
         raise StageExists(session.artifact.path, Stage.ROUTER)
     started = time.perf_counter()
-    L.seed_everything(seed, workers=True)
+    c = config
+    L.seed_everything(c.seed, workers=True)
     index = read_index(Path(traces))
     if index["vocab_size"] != session.target.vocab_size:
         raise ValueError(f"the traces at {traces} are of a model with vocabulary {index['vocab_size']}, not this artifact's")
-    hidden = hidden or default_hidden(index)
+    hidden = c.hidden or default_hidden(index)
     key = hidden_key(hidden)
     target = session.target
-    labels = router_clusters(target.head_weight.float(), clusters, kmeans_iterations, seed, progress)
+    labels = router_clusters(target.head_weight.float(), c.clusters, c.kmeans_iterations, c.seed, c.progress)
     always = torch.tensor(sorted(set(target.eos_token_ids) | set(session.tokenizer.all_special_ids)), dtype=torch.long)
     always = always[always < target.vocab_size]
     sizes = torch.bincount(labels, minlength=int(labels.max()) + 1)
     in_clusters = sizes.clone()
     in_clusters.index_add_(0, labels[always], -torch.ones_like(always))  # always-kept ids are scored anyway
     embedding = target.model.get_input_embeddings().weight.detach()
-    data = TraceDataModule(traces, key, labels, batch_size, loss=loss)
+    data = TraceDataModule(traces, key, labels, c.batch_size, loss=c.loss)
     data.setup()
     d_h = data.splits["train"].tensors[1].shape[1]
-    module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), width), embedding, in_clusters, len(always), lr, loss)
+    module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), c.width), embedding, in_clusters, len(always), c.lr,
+                          c.loss)
     work_dir = Path(work_dir)
     logger = CSVLogger(str(work_dir), name="logs")
     checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
     trainer = L.Trainer(
-        max_steps=max_steps, logger=logger, callbacks=[checkpoints], enable_progress_bar=progress,
-        enable_model_summary=False, log_every_n_steps=10, **(trainer_flags or {}),
+        max_steps=c.max_steps, logger=logger, callbacks=[checkpoints], enable_progress_bar=c.progress,
+        enable_model_summary=False, log_every_n_steps=10, **c.trainer_flags,
     )
     trainer.fit(module, datamodule=data)
     metrics = {k: float(v) for k, v in trainer.validate(module, datamodule=data, verbose=False)[0].items()}
@@ -194,18 +205,18 @@ def train_router(
     }
     params = {
         "clusters": int(len(sizes)),
-        "kmeans_iterations": kmeans_iterations,
+        "kmeans_iterations": c.kmeans_iterations,
         "hidden": hidden,
-        "loss": loss,
-        "width": width,
+        "loss": c.loss,
+        "width": c.width,
         "traces": str(traces),
         "train_positions": len(data.splits["train"]),
         "validation_positions": len(data.splits["validation"]),
-        "max_steps": max_steps,
+        "max_steps": c.max_steps,
         "steps": int(trainer.global_step),
-        "batch_size": batch_size,
-        "lr": lr,
-        "seed": seed,
+        "batch_size": c.batch_size,
+        "lr": c.lr,
+        "seed": c.seed,
         "validation": metrics,
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -213,16 +224,17 @@ def train_router(
     return params
 
 
-def router_from_recipe(loaded, artifact, cfg: dict, traces: str | Path, force: bool = False, progress: bool = True) -> dict:
+def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, force: bool = False,
+                       progress: bool = True) -> dict:
     """The recipe's `[router]` section end to end: prep traces (resumed if begun), then prep train-router."""
     from runtime.session import Session
     from runtime.backends.hf import TransformersTarget
     from runtime.backends.lean import model_eos_ids
 
     target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
-    build_traces(target, loaded.tokenizer, loaded.info.name, cfg["corpus"], traces, cfg["max_tokens"],
-                 max_tokens_per_text=cfg["max_tokens_per_text"], drafter_layers=parse_layers(cfg["drafter_layers"]),
+    build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, traces, cfg.max_tokens,
+                 max_tokens_per_text=cfg.max_tokens_per_text, drafter_layers=parse_layers(cfg.drafter_layers),
                  progress=progress)
     session = Session(artifact, loaded, target)
-    return train_router(session, traces, Path(traces) / "router-train", cfg["clusters"], recipe_hidden(cfg), cfg["width"],
-                        cfg["max_steps"], cfg["batch_size"], loss=cfg["loss"], progress=progress, force=force)
+    return train_router(session, traces, Path(traces) / "router-train", RouterConfig.from_recipe(cfg, progress=progress),
+                        force=force)

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
-from prep.recipes import DEFAULTS
+from prep import recipes
 from prep.router_loss import positive_clusters, router_loss
 from prep.traces import INDEX_FILE, split_of
 from runtime.cli import main as runtime_main
@@ -290,10 +290,10 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
     """prep all --with-router: traces + a multi-label router from the recipe's [router] section."""
     _, _, corpus = built
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setitem(DEFAULTS, "cluster", {"clusters": 8, "iterations": 2, "top_m_bias": 3})
-    monkeypatch.setitem(DEFAULTS, "router", {
-        "corpus": str(corpus), "max_tokens": 1500, "max_tokens_per_text": 64, "drafter_layers": 1, "hidden": "final",
-        "clusters": 16, "width": 16, "max_steps": 3, "batch_size": 64, "loss": "multilabel"})
+    monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(
+        cluster=recipes.ClusterRecipe(clusters=8, iterations=2, top_m_bias=3),
+        router=recipes.RouterRecipe(corpus=str(corpus), max_tokens=1500, max_tokens_per_text=64, drafter_layers=1,
+                                    hidden="final", clusters=16, width=16, max_steps=3, batch_size=64, loss="multilabel")))
     art, traces = tmp_path / "art", tmp_path / "traces"
     invoke(["all", tiny_model_dir, "-o", art, "--with-router", "--traces", traces])
     params = RouterStage.load(open_session(art, progress=False).artifact).params

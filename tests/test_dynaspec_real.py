@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from artifacts import Artifact
-from prep.router_train import train_router
+from prep.router_train import RouterConfig, train_router
 from prep.stages import created_by
 from prep.traces import build_traces
 from runtime.method_builders import build_method
@@ -36,9 +36,9 @@ def gemma_traces(real_gemma, gemma_session, tmp_path_factory):
 def routed_session(real_gemma, gemma_session, traces, root, hidden: str) -> Session:
     """A gemma3-270m artifact with a router trained 5 steps on the traces' `hidden` state."""
     session = Session(Artifact.create(root / "art", real_gemma.info, created_by()), real_gemma, gemma_session.target)
-    params = train_router(session, traces, root / "work", clusters=32, hidden=hidden, width=32, max_steps=5,
-                          batch_size=32, kmeans_iterations=2, trainer_flags={"accelerator": "cpu", "devices": 1},
-                          progress=False)
+    config = RouterConfig(clusters=32, hidden=hidden, width=32, max_steps=5, batch_size=32, kmeans_iterations=2,
+                          trainer_flags={"accelerator": "cpu", "devices": 1}, progress=False)
+    params = train_router(session, traces, root / "work", config)
     assert params["hidden"] == hidden
     return session
 
