@@ -30,7 +30,7 @@ LAYERS = [
     ("runtime.backends", "runtime.heads", "runtime.verify",
      "runtime.trees", "runtime.verify_tree"),
     ("runtime.drafters", "runtime.session"),
-    ("runtime.decode", "runtime.speculative"),
+    ("runtime.decode", "runtime.speculative", "runtime.tree_speculative", "runtime.mjsd"),
     ("runtime.methods", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),
     ("runtime.api",),
     ("runtime.cli", "runtime.__main__"),

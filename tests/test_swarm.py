@@ -224,3 +224,19 @@ def test_real_gemma_greedy_swarm_equals_ar(gemma_session, name) -> None:
         assert tokens == reference.decode(prompt, 48, SamplingParams(), None)[0]
         accepted += stats.spec.accepted
     assert accepted > 0
+
+
+def test_bench_verify_times_trees_next_to_chains(artifact, tmp_path, monkeypatch) -> None:
+    from runtime.cli import main as runtime_main
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(artifact.parent / "cache"))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": " ".join(f"w{4 + (i * 7) % 250}" for i in range(80))}]))
+    out = tmp_path / "verify.json"
+    result = CliRunner().invoke(runtime_main, ["bench-verify", str(artifact), "--prompts", str(prompts), "--context", "20",
+                                               "--max-n", "4", "--repeats", "1", "--trees", "4,8,32", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["tree_rows"]
+    assert [row["nodes"] for row in rows] == [4, 8, 32] and all(row["total_ms"] > 0 and row["depth"] >= 1 for row in rows)
+    bad = CliRunner().invoke(runtime_main, ["bench-verify", str(artifact), "--trees", "4,x"])
+    assert bad.exit_code != 0 and "--trees" in bad.output and "Traceback" not in bad.output

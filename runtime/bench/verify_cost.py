@@ -3,7 +3,8 @@ greedy verifier needs (head.select on the n rows), relative to n = 1.
 
 Speculative decoding pays T_V(gamma + 1) per round for up to gamma + 1 tokens, so the growth of
 T_V(n) / T_V(1) with n decides whether drafting can pay at all and which gamma to pick
-(`best_gamma`, the GP paper's closed form with a free drafter).
+(`best_gamma`, the GP paper's closed form with a free drafter). `tree_verify_cost` does the same for
+SWARM's token trees of 4..32 nodes (one tree forward plus the greedy tree verifier).
 """
 
 from __future__ import annotations
@@ -78,3 +79,74 @@ def best_gamma(rows: list[dict], alpha: float) -> tuple[int, float]:
     ratio = {row["n"]: row["ratio"] for row in rows}
     options = [(0, 1.0)] + [(g, expected_tokens(alpha, g) / ratio[g + 1]) for g in range(1, max(ratio))]
     return max(options, key=lambda option: option[1])
+
+
+TREE_SIZES = (4, 8, 16, 32)
+TREE_CONFIDENCES = (0.6, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002)  # rank -> confidence: deep trees with side branches
+
+
+def tree_verify_cost(
+    target: TargetModel,
+    head,
+    tokens: torch.Tensor,
+    context: int = CONTEXT,
+    sizes: tuple[int, ...] = TREE_SIZES,
+    k: int = 4,
+    repeats: int = 10,
+) -> list[dict]:
+    """T_V of SWARM rounds: median seconds of one tree forward over the last token plus N nodes and the
+    greedy tree verifier (head on N + 1 rows, in chunks of 16), and its ratio to a one-token step.
+
+    tokens: [>= context + 1 + 8] real ids; the cache holds tokens[:context], the root is tokens[context].
+    The trees are best-first (runtime.trees.build_tree) over K candidates per node, the text's next token
+    first, with fixed confidences by rank, so each N gives one tree shape; rows carry its depth.
+    """
+    from runtime.tree_speculative import MAX_DEPTH, score_tree, verify_scored_tree
+    from runtime.sampling import NO_BAN
+    from runtime.trees import build_tree
+
+    if tokens.numel() < context + 1 + MAX_DEPTH:
+        raise ValueError(f"need at least {context + 1 + MAX_DEPTH} tokens, got {tokens.numel()}: give more prompt text")
+    ids = tokens.tolist()
+    vocab = target.vocab_size
+
+    def expand(path: list[int]) -> tuple[list[int], list[float]]:
+        first = ids[context + 1 + len(path)]
+        return [first] + [(first + 1 + i) % vocab for i in range(k - 1)], list(TREE_CONFIDENCES[:k])
+
+    trees = {n: build_tree(expand, k, MAX_DEPTH, n) for n in sizes}
+    cache = target.new_cache()
+    target.forward(tokens[:context], cache)
+    root = ids[context]
+    params = SamplingParams()
+    step_s: list[float] = []
+    forward_s: dict[int, list[float]] = {n: [] for n in sizes}
+    total_s: dict[int, list[float]] = {n: [] for n in sizes}
+    for repeat in range(repeats + 1):  # the first pass warms up and is not recorded
+        t0 = time.perf_counter()
+        head.select(target.forward(tokens[context : context + 1], cache), params)
+        step = time.perf_counter() - t0
+        target.crop(cache, context)
+        for n, tree in trees.items():
+            t0 = time.perf_counter()
+            hidden = score_tree(target, cache, root, tree)  # [n + 1, d]
+            t1 = time.perf_counter()
+            verify_scored_tree(head, hidden, tree, params, None, NO_BAN, context + 1)
+            t2 = time.perf_counter()
+            target.crop(cache, context)
+            if repeat:
+                forward_s[n].append(t1 - t0)
+                total_s[n].append(t2 - t0)
+        if repeat:
+            step_s.append(step)
+    base = statistics.median(step_s)
+    return [
+        {
+            "nodes": n,
+            "depth": int(trees[n].depths().max()),
+            "forward_ms": 1e3 * statistics.median(forward_s[n]),
+            "total_ms": 1e3 * statistics.median(total_s[n]),
+            "ratio": statistics.median(total_s[n]) / base,
+        }
+        for n in sizes
+    ]

@@ -95,12 +95,14 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
               help="Largest number of tokens per verify forward.")
 @click.option("--repeats", type=values.COUNT, default=10, show_default=True,
               help="Timings per n (the median is reported).")
+@click.option("--trees", default="4,8,16,32", show_default=True,
+              help="Also time SWARM token trees of these node counts (4 candidates per node; lean/native), or none.")
 @click.option("--json", "json_path", type=values.OutputFile(), default=None,
               help="Also write the table as JSON (checked writable first).")
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @model_options
 @clean_errors
-def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, json_path, model, backend) -> None:
+def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, trees, json_path, model, backend) -> None:
     """Time one target forward over n = 1..8 new tokens plus the greedy head work: T_V(n) / T_V(1).
 
     \b
@@ -109,9 +111,12 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     """
     from runtime import api
     from runtime.bench.report import markdown_rows, write_json
-    from runtime.bench.verify_cost import best_gamma, verify_cost
+    from runtime.bench.verify_cost import best_gamma, tree_verify_cost, verify_cost
     from runtime.data import load_prompts
 
+    sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if n.strip().isdigit() and 1 <= int(n) <= 64)
+    if trees != "none" and (not sizes or len(sizes) != len(trees.split(","))):
+        raise click.BadParameter(f"node counts in 1..64 separated by commas, or none; not {trees!r}", param_hint="--trees")
     texts = load_prompts(prompt_source, 64)
     engine = api.load(artifact, model, backend=backend)
     session = engine.session
@@ -119,8 +124,12 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
         raise click.UsageError(f"--context {context} plus --max-n {max_n} tokens pass the model's context of "
                                f"{engine.context_length}; lower them")
     head = session.certified_head(bound) if head_kind == "csv" else session.full_head()
-    tokens = _token_run(session.tokenizer, texts, context + max_n)
+    tokens = _token_run(session.tokenizer, texts, context + max(max_n, 9))  # trees: the root + up to 8 levels
     rows = verify_cost(session.target, head, tokens, context, max_n, repeats)
+    if sizes and session.target.name == "transformers":
+        click.echo("token trees skipped: the transformers backend has no tree forward (--backend lean|native)", err=True)
+        sizes = ()
+    tree_rows = tree_verify_cost(session.target, head, tokens, context, sizes, repeats=repeats) if sizes else []
     columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
                ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
     label = f"csv:{bound}" if head_kind == "csv" else "full"
@@ -130,12 +139,18 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
     click.echo("best gamma with a free drafter (n-gram): " + ", ".join(
         f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
+    if tree_rows:
+        click.echo("token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) as above")
+        click.echo(markdown_rows(tree_rows, [("nodes", "nodes N", "{}"), ("depth", "depth", "{}"),
+                                             ("forward_ms", "forward ms", "{:.2f}"), ("total_ms", "T_V ms", "{:.2f}"),
+                                             ("ratio", "T_V / T_V(1)", "{:.2f}x")]))
     if json_path:
         record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
                   "setup": {"model": session.model.info.name, "backend": session.target.name, "head": label,
                             "context": context, "repeats": repeats, "threads": torch.get_num_threads(),
                             "prompts": prompt_source},
                   "rows": rows,
+                  "tree_rows": tree_rows,
                   "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}
         with values.writing("--json"):
             write_json(record, json_path)
