@@ -19,7 +19,9 @@ EXAMPLES = {
     "ar": ["ar", "ar:transformers"], "csv": ["csv", "csv:screen", "csv:cluster"],
     "spec": ["spec:ngram", "spec:ngram:2:gamma=2", "spec:layers:1:adaptive+csv", "spec:ngram+csv:cluster"],
     "dynaspec": ["dynaspec:layers:1:k=2"], "frspec": ["frspec:int8:20:context=0+csv"],
-    "screenspec": ["screenspec:layers:1:gamma=3"], "llamacpp": ["llamacpp"],
+    "screenspec": ["screenspec:layers:1:gamma=3"],
+    "swarm": ["swarm:onedecode:4", "swarm:int8:4", "swarm:layers:1:2:gamma=3:nodes=8+csv"],
+    "mjsd": ["mjsd:int8", "mjsd:layers:1:beam=2:tau=0.5:gamma=3"], "llamacpp": ["llamacpp"],
 }
 DRAFTER_EXAMPLES = {"ngram": "ngram:3", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
                     "int8": "int8", "dynaspec": "dynaspec:int8:k=4", "frspec": "frspec:layers:1:20",
