@@ -37,7 +37,7 @@ def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier,
 @click.option("--method", default="csv", show_default=True, help=f"Method name. {methods_help()}")
 @click.option("--bound", type=click.Choice(["screen", "cluster"]), default=None,
               help="Alias: --method csv --bound cluster = csv:cluster; with --target-head csv, its bound (default screen).")
-@click.option("--cluster-budget", type=click.FloatRange(0, 1, min_open=True), default=0.25, show_default=True,
+@click.option("--cluster-budget", type=values.Number(0, 1, low_open=True), default=0.25, show_default=True,
               help="csv:cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv:cluster: adapt the budget as CSV-Decode does.")
 @click.option("--drafter", default=None, help="Alias, with --method spec: spec:DRAFTER (default ngram).")
@@ -125,4 +125,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt: --prompt's text or --prompt-file's (already read and checked by their types)."""
     if (prompt is None) == (prompt_file is None):
         raise click.UsageError("give exactly one of --prompt or --prompt-file")
-    return prompt if prompt is not None else prompt_file
+    text = prompt if prompt is not None else prompt_file
+    if not text:
+        raise click.UsageError(f"{'--prompt' if prompt is not None else '--prompt-file'} is empty; give some text")
+    return text

@@ -10,6 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
+from runtime.cli import main as runtime_main
 
 TINY_CLUSTERS = ["--clusters", "8", "--iterations", "2"]
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +36,18 @@ def error_line(output: str) -> str:
 
 def prep_fails(args: list[str], *must_say: str, code: int = 1, unchanged: tuple[Path, ...] = ()) -> str:
     """Run `prep ARGS` in-process; assert exit code, one error line saying `must_say`, no damage."""
+    return command_fails(prep_main, args, *must_say, code=code, unchanged=unchanged)
+
+
+def runtime_fails(args: list, *must_say: str, code: int = 1, unchanged: tuple[Path, ...] = ()) -> str:
+    """Run `runtime ARGS` in-process; assert exit code, one error line saying `must_say`, no damage."""
+    return command_fails(runtime_main, args, *must_say, code=code, unchanged=unchanged)
+
+
+def command_fails(command, args: list, *must_say: str, code: int, unchanged: tuple[Path, ...]) -> str:
+    """Run a click command in-process; assert exit code, one error line saying `must_say`, no damage."""
     before = snapshot(*unchanged)
-    result = CliRunner().invoke(prep_main, [str(a) for a in args])
+    result = CliRunner().invoke(command, [str(a) for a in args])
     assert result.exit_code == code, result.output
     assert isinstance(result.exception, SystemExit), repr(result.exception)
     line = error_line(result.output)

@@ -1,0 +1,157 @@
+"""Bad `runtime` flag values, prompts and output paths: one line naming the fix, before the model loads.
+
+Every case here runs with the model load replaced by a failure (`no_model_load`): a case that got as
+far as loading the model would end in that AssertionError instead of a clean exit, so each error
+below is shown to come before the 10-15 s load. The artifact, the input files and the model cache
+are compared before and after, and no output file appears.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bad_helpers import runtime_fails
+
+USAGE = 2  # click's exit code for a bad option value
+
+
+@pytest.fixture(autouse=True)
+def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the flag error")
+
+    monkeypatch.setattr("runtime.api.load", refuse)
+
+
+def generate(art: Path, *flags) -> list:
+    return ["generate", art, "--prompt", "w3 w4", *flags]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--temperature", "nan"], "give a finite number >= 0"),
+    (["--temperature", "inf"], "give a finite number >= 0"),
+    (["--temperature", "-0.5"], "give a number >= 0 (0 = greedy)"),
+    (["--top-p", "0"], "give a number in (0, 1]"),
+    (["--top-p", "1.5"], "give a number in (0, 1]"),
+    (["--top-k", "-1"], "give an integer >= 0"),
+    (["--max-new-tokens", "0"], "give an integer >= 1"),
+    (["--max-new-tokens", "-1"], "give an integer >= 1"),
+    (["--epsilon", "1"], "give a number in (0, 1)"),
+    (["--seed", "-1"], "give an integer in [0,"),
+    (["--seed", str(2**64)], "give an integer in [0,"),
+    (["--threads", "0"], "give an integer >= 1"),
+    (["--cluster-budget", "nan"], "give a finite number in (0, 1]"),
+    (["--gamma", "9", "--method", "spec"], "give an integer in [1, 8]"),
+    (["--stop", "\\x"], "bad escape '\\x'"),
+    (["--stop", "end\\q"], "allowed escapes"),
+    (["--stop", ""], "is empty"),
+], ids=["temperature-nan", "temperature-inf", "temperature-negative", "top-p-0", "top-p-above-1", "top-k-negative",
+        "max-new-tokens-0", "max-new-tokens-negative", "epsilon-1", "seed-negative", "seed-overflow", "threads-0",
+        "cluster-budget-nan", "gamma-above-max", "stop-bad-hex-escape", "stop-unknown-escape", "stop-empty"])
+def test_bad_generate_values(art: Path, flags: list[str], says: str):
+    line = runtime_fails(generate(art, *flags), says, code=USAGE, unchanged=(art,))
+    assert f"'{flags[0]}'" in line  # the option is named
+
+
+@pytest.mark.parametrize("method, says", [
+    ("spec:ngram:gamma=abc", "gamma takes an integer in 1..8, not 'abc'"),
+    ("spec:ngram:gamma=0", "gamma takes an integer in 1..8"),
+    ("spec:layers:abc", "layers:N takes an integer >= 1"),
+    ("dynaspec:int8:k=abc", "k takes an integer >= 1"),
+    ("warp", "unknown method 'warp'"),
+    ("csv+csv", "+csv applies to drafting methods"),
+], ids=["gamma-not-int", "gamma-0", "layers-not-int", "dynaspec-k-not-int", "unknown-method", "csv-plus-csv"])
+def test_bad_method_names(art: Path, method: str, says: str):
+    line = runtime_fails(generate(art, "--method", method), says, unchanged=(art,))
+    assert "invalid literal" not in line
+
+
+def test_a_non_utf8_byte_in_prompt(art: Path):
+    # A byte that is not UTF-8 in argv reaches Python as a lone surrogate (surrogateescape).
+    runtime_fails(["generate", art, "--prompt", "w3 \udcff w4"], "'--prompt'", "not UTF-8", "--prompt-file",
+                  code=USAGE, unchanged=(art,))
+
+
+def test_an_empty_prompt(art: Path):
+    runtime_fails(["generate", art, "--prompt", ""], "--prompt is empty", code=USAGE, unchanged=(art,))
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"w3 w4 \x00\x01\x02 w5", "is a binary file (a NUL byte at offset 6)"),
+    ("w3 caf\u00e9 w4".encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 6); save it as UTF-8"),
+], ids=["binary", "latin-1"])
+def test_a_prompt_file_that_is_not_utf8(art: Path, tmp_path: Path, content: bytes, says: str):
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(content)
+    line = runtime_fails(["generate", art, "--prompt-file", path], says, code=USAGE, unchanged=(art, tmp_path))
+    assert "'--prompt-file'" in line and str(path) in line
+
+
+def test_a_prompt_file_that_is_a_directory(art: Path, tmp_path: Path):
+    runtime_fails(["generate", art, "--prompt-file", tmp_path], "is a directory; give a text file", code=USAGE)
+
+
+def test_a_missing_prompt_file(art: Path, tmp_path: Path):
+    runtime_fails(["generate", art, "--prompt-file", tmp_path / "nope.txt"], "No such file", "check the path", code=USAGE)
+
+
+def bench(art: Path, tmp_path: Path, *flags) -> list:
+    return ["bench", art, "--methods", "ar", "--max-new-tokens", 2, "--json", tmp_path / "out" / "b.json", *flags]
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"[]", "holds no prompts ([]); add at least one"),
+    (b"not json", "not JSON"),
+    (json.dumps({"text": "w3"}).encode(), "should hold a JSON list"),
+    (json.dumps([{"txt": "w3"}]).encode(), "item 0 should be an object with a string \"text\" field"),
+    (b"[{\"text\": \"w3\xff\"}]", "is not UTF-8 text (byte 0xff"),
+], ids=["empty-list", "not-json", "not-a-list", "no-text-field", "not-utf8"])
+def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_bytes(content)
+    line = runtime_fails(bench(art, tmp_path, "--prompts", prompts), says, code=USAGE, unchanged=(art, tmp_path))
+    assert "'--prompts'" in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["-n", "0"], "give an integer >= 1"),
+    (["-n", "-1"], "give an integer >= 1"),
+    (["--prompts", "nothing-here.json"], "neither humaneval nor sharegpt nor an existing file"),
+    (["--methods", ","], "names no method"),
+    (["--methods", "ar,spec:ngram:gamma=x"], "gamma takes an integer"),
+], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-bad-gamma"])
+def test_bad_bench_values(art: Path, tmp_path: Path, flags: list[str], says: str):
+    runtime_fails(bench(art, tmp_path, *flags), says, code=USAGE, unchanged=(art,))
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_json_under_a_file(art: Path, tmp_path: Path):
+    (tmp_path / "file").write_text("keep")
+    line = runtime_fails(["bench", art, "--methods", "ar", "--json", tmp_path / "file" / "b.json"],
+                         "is not a directory", "choose a writable path", code=USAGE, unchanged=(art, tmp_path))
+    assert "'--json'" in line
+
+
+def test_bench_json_beside_a_directory_named_like_its_plot(art: Path, tmp_path: Path):
+    (tmp_path / "b.png").mkdir()  # write_reports would fail on b.png only after the whole run
+    runtime_fails(["bench", art, "--methods", "ar", "--json", tmp_path / "b.json"], f"cannot write {tmp_path / 'b.png'}",
+                  "it is a directory", code=USAGE, unchanged=(art, tmp_path))
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_bench_verify_json_that_is_a_directory(art: Path, tmp_path: Path):
+    runtime_fails(["bench-verify", art, "--json", tmp_path], "it is a directory", code=USAGE, unchanged=(art,))
+
+
+@pytest.mark.parametrize("command, flags, says", [
+    ("bench-verify", ["--context", "0"], "give an integer >= 1"),
+    ("bench-verify", ["--max-n", "-2"], "give an integer >= 1"),
+    ("bench-kernels", ["--repeats", "0"], "give an integer >= 1"),
+    ("bench-kernels", ["--prompt", "def \udcfe"], "not UTF-8"),
+    ("bench-kernels", ["--threads", "-1"], "give an integer >= 1"),
+], ids=["verify-context-0", "verify-max-n-negative", "kernels-repeats-0", "kernels-prompt-not-utf8", "kernels-threads"])
+def test_bad_bench_verify_and_kernels_values(art: Path, command: str, flags: list[str], says: str):
+    runtime_fails([command, art, *flags], says, code=USAGE, unchanged=(art,))
