@@ -5,8 +5,9 @@
 //   kQK       elements per block (32 for the elementwise types: a "block" is then 32 elements);
 //   kBytes    bytes per block;
 //   kElementwise  whether a row may end inside a block (F32/F16/BF16: tail of 16-wide steps);
-//   block(b, f)   calls f(c, w0, w1) for c = 0, 1, ... in order, with w0, w1 the block's elements
-//                 [32c, 32c + 16) and [32c + 16, 32c + 32) as float32;
+//   State, prepare(b)  what a block's chunks share (its scales), read once per block;
+//   chunk(s, b, c, w0, w1)  for c in [0, kQK / 32): the block's elements [32c, 32c + 16) and
+//                 [32c + 16, 32c + 32) as float32;
 //   partial(row, j, n)  (elementwise types) elements [j, j + n) of a row, n <= 16, +0 beyond.
 // Every value is computed in gguf-py's float32 operation order (e.g. Q4_K: fl(fl(d * sc) * q) -
 // fl(dmin * m)), never fused: build with -ffp-contract=off.
@@ -24,12 +25,17 @@ inline uint16_t u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); retur
 inline uint32_t u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline float f16(const uint8_t* p) { return half_to_float(u16(p)); }
 
+struct NoState {};
+
 struct F32 {
   static constexpr int kType = 0;
   static constexpr int64_t kQK = 32, kBytes = 128;
   static constexpr bool kElementwise = true;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    f(0, load(reinterpret_cast<const float*>(b)), load(reinterpret_cast<const float*>(b) + 16));
+  using State = NoState;
+  static inline State prepare(const uint8_t*) { return {}; }
+  static inline void chunk(State, const uint8_t* b, int, V& w0, V& w1) {
+    w0 = load(reinterpret_cast<const float*>(b));
+    w1 = load(reinterpret_cast<const float*>(b) + 16);
   }
   static inline V partial(const uint8_t* row, int64_t j, int64_t n) { return load_partial(reinterpret_cast<const float*>(row) + j, n); }
 };
@@ -39,7 +45,9 @@ struct Half16 {  // F16 and BF16: 2 bytes per element
   static constexpr int kType = Type;
   static constexpr int64_t kQK = 32, kBytes = 64;
   static constexpr bool kElementwise = true;
-  template <class F> static inline void block(const uint8_t* b, F&& f) { f(0, Load(b), Load(b + 32)); }
+  using State = NoState;
+  static inline State prepare(const uint8_t*) { return {}; }
+  static inline void chunk(State, const uint8_t* b, int, V& w0, V& w1) { w0 = Load(b); w1 = Load(b + 32); }
   static inline V partial(const uint8_t* row, int64_t j, int64_t n) {
     uint8_t buf[32] = {};  // +0 in both formats
     std::memcpy(buf, row + 2 * j, static_cast<size_t>(n) * 2);
@@ -49,13 +57,19 @@ struct Half16 {  // F16 and BF16: 2 bytes per element
 using F16 = Half16<1, load_f16>;
 using BF16 = Half16<30, load_bf16>;
 
+struct Scale { float d; };
+struct ScaleMin { float d, m; };
+
 struct Q8_0 {  // d (f16), 32 x int8: w = q * d
   static constexpr int kType = 8;
   static constexpr int64_t kQK = 32, kBytes = 34;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    const V d = set1(f16(b));
-    f(0, mul(to_float(load_i8(b + 2)), d), mul(to_float(load_i8(b + 18)), d));
+  using State = Scale;
+  static inline State prepare(const uint8_t* b) { return {f16(b)}; }
+  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
+    const V d = set1(s.d);
+    w0 = mul(to_float(load_i8(b + 2)), d);
+    w1 = mul(to_float(load_i8(b + 18)), d);
   }
 };
 
@@ -63,10 +77,13 @@ struct Q4_0 {  // d, 16 bytes of nibbles (low: elements 0..15, high: 16..31): w 
   static constexpr int kType = 2;
   static constexpr int64_t kQK = 32, kBytes = 18;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    const V d = set1(f16(b));
+  using State = Scale;
+  static inline State prepare(const uint8_t* b) { return {f16(b)}; }
+  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
+    const V d = set1(s.d);
     const I q = load_u8(b + 2);
-    f(0, mul(d, to_float(sub_(and_(q, 15), 8))), mul(d, to_float(sub_(srl(q, 4), 8))));
+    w0 = mul(d, to_float(sub_(and_(q, 15), 8)));
+    w1 = mul(d, to_float(sub_(srl(q, 4), 8)));
   }
 };
 
@@ -74,10 +91,13 @@ struct Q4_1 {  // d, m, nibbles: w = d * q + m (two roundings)
   static constexpr int kType = 3;
   static constexpr int64_t kQK = 32, kBytes = 20;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    const V d = set1(f16(b)), m = set1(f16(b + 2));
+  using State = ScaleMin;
+  static inline State prepare(const uint8_t* b) { return {f16(b), f16(b + 2)}; }
+  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
+    const V d = set1(s.d), m = set1(s.m);
     const I q = load_u8(b + 4);
-    f(0, add(mul(d, to_float(and_(q, 15))), m), add(mul(d, to_float(srl(q, 4))), m));
+    w0 = add(mul(d, to_float(and_(q, 15))), m);
+    w1 = add(mul(d, to_float(srl(q, 4))), m);
   }
 };
 
@@ -93,11 +113,14 @@ struct Q5_0 {  // d, qh, nibbles: w = d * (q - 16)
   static constexpr int kType = 6;
   static constexpr int64_t kQK = 32, kBytes = 22;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    const V d = set1(f16(b));
+  using State = Scale;
+  static inline State prepare(const uint8_t* b) { return {f16(b)}; }
+  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
+    const V d = set1(s.d);
     I lo, hi;
     five_bits(b + 2, b + 6, lo, hi);
-    f(0, mul(d, to_float(sub_(lo, 16))), mul(d, to_float(sub_(hi, 16))));
+    w0 = mul(d, to_float(sub_(lo, 16)));
+    w1 = mul(d, to_float(sub_(hi, 16)));
   }
 };
 
@@ -105,89 +128,102 @@ struct Q5_1 {  // d, m, qh, nibbles: w = d * q + m
   static constexpr int kType = 7;
   static constexpr int64_t kQK = 32, kBytes = 24;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    const V d = set1(f16(b)), m = set1(f16(b + 2));
+  using State = ScaleMin;
+  static inline State prepare(const uint8_t* b) { return {f16(b), f16(b + 2)}; }
+  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
+    const V d = set1(s.d), m = set1(s.m);
     I lo, hi;
     five_bits(b + 4, b + 8, lo, hi);
-    f(0, add(mul(d, to_float(lo)), m), add(mul(d, to_float(hi)), m));
+    w0 = add(mul(d, to_float(lo)), m);
+    w1 = add(mul(d, to_float(hi)), m);
   }
 };
 
-// The 6-bit scales and mins of a Q4_K / Q5_K super-block (gguf-py's Q4_K.get_scale_min).
-inline void scale_min_k4(const uint8_t* s, float d, float dmin, float* scale, float* min) {
+// A Q4_K / Q5_K super-block's 8 sub-block scales fl(d * sc) and mins fl(dmin * m), from the
+// 12 packed bytes of 6-bit values (gguf-py's Q4_K.get_scale_min).
+struct ScalesK4 {
+  float scale[8], min[8];
+};
+inline ScalesK4 scales_k4(const uint8_t* b) {
+  const float d = f16(b), dmin = f16(b + 2);
+  const uint8_t* s = b + 4;
+  ScalesK4 r;
   for (int i = 0; i < 4; ++i) {
-    scale[i] = d * static_cast<float>(s[i] & 63);
-    min[i] = dmin * static_cast<float>(s[4 + i] & 63);
-    scale[4 + i] = d * static_cast<float>((s[8 + i] & 15) | ((s[i] >> 2) & 0x30));
-    min[4 + i] = dmin * static_cast<float>((s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30));
+    r.scale[i] = d * static_cast<float>(s[i] & 63);
+    r.min[i] = dmin * static_cast<float>(s[4 + i] & 63);
+    r.scale[4 + i] = d * static_cast<float>((s[8 + i] & 15) | ((s[i] >> 2) & 0x30));
+    r.min[4 + i] = dmin * static_cast<float>((s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30));
   }
+  return r;
+}
+
+// Sub-block c of a Q4_K / Q5_K super-block: 32 bytes of nibbles at qs + 32 * (c / 2), the low
+// nibbles for even c, the high ones for odd c.
+inline void nibbles_k(const uint8_t* qs, int c, I& a, I& b) {
+  const I qa = load_u8(qs + 32 * (c >> 1)), qb = load_u8(qs + 32 * (c >> 1) + 16);
+  a = c & 1 ? srl(qa, 4) : and_(qa, 15);
+  b = c & 1 ? srl(qb, 4) : and_(qb, 15);
 }
 
 struct Q4_K {  // d, dmin, 12 bytes of scales, 128 bytes of nibbles; 8 sub-blocks of 32: w = fl(d*sc) * q - fl(dmin*m)
   static constexpr int kType = 12;
   static constexpr int64_t kQK = 256, kBytes = 144;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    float scale[8], min[8];
-    scale_min_k4(b + 4, f16(b), f16(b + 2), scale, min);
-    const uint8_t* qs = b + 16;
-    for (int c = 0; c < 4; ++c) {  // bytes [32c, 32c + 32): sub-block 2c in the low nibbles, 2c + 1 in the high
-      const I qa = load_u8(qs + 32 * c), qb = load_u8(qs + 32 * c + 16);
-      for (int nib = 0; nib < 2; ++nib) {
-        const int s = 2 * c + nib;
-        const V ds = set1(scale[s]), dm = set1(min[s]);
-        const I la = nib ? srl(qa, 4) : and_(qa, 15), lb = nib ? srl(qb, 4) : and_(qb, 15);
-        f(s, sub(mul(ds, to_float(la)), dm), sub(mul(ds, to_float(lb)), dm));
-      }
-    }
+  using State = ScalesK4;
+  static inline State prepare(const uint8_t* b) { return scales_k4(b); }
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const V ds = set1(s.scale[c]), dm = set1(s.min[c]);
+    I a, q;
+    nibbles_k(b + 16, c, a, q);
+    w0 = sub(mul(ds, to_float(a)), dm);
+    w1 = sub(mul(ds, to_float(q)), dm);
   }
 };
 
-struct Q5_K {  // Q4_K plus 32 bytes qh: bit s of qh[j] is bit 4 of element j of sub-block s
+struct Q5_K {  // Q4_K plus 32 bytes qh at byte 16: bit c of qh[j] is bit 4 of element j of sub-block c
   static constexpr int kType = 13;
   static constexpr int64_t kQK = 256, kBytes = 176;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    float scale[8], min[8];
-    scale_min_k4(b + 4, f16(b), f16(b + 2), scale, min);
-    const I ha = load_u8(b + 16), hb = load_u8(b + 32);
-    const uint8_t* qs = b + 48;
-    for (int c = 0; c < 4; ++c) {
-      const I qa = load_u8(qs + 32 * c), qb = load_u8(qs + 32 * c + 16);
-      for (int nib = 0; nib < 2; ++nib) {
-        const int s = 2 * c + nib;
-        const V ds = set1(scale[s]), dm = set1(min[s]);
-        const I la = or_(nib ? srl(qa, 4) : and_(qa, 15), shl(and_(srl(ha, s), 1), 4));
-        const I lb = or_(nib ? srl(qb, 4) : and_(qb, 15), shl(and_(srl(hb, s), 1), 4));
-        f(s, sub(mul(ds, to_float(la)), dm), sub(mul(ds, to_float(lb)), dm));
-      }
-    }
+  using State = ScalesK4;
+  static inline State prepare(const uint8_t* b) { return scales_k4(b); }
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const V ds = set1(s.scale[c]), dm = set1(s.min[c]);
+    I a, q;
+    nibbles_k(b + 48, c, a, q);
+    a = or_(a, shl(and_(srl(load_u8(b + 16), c), 1), 4));
+    q = or_(q, shl(and_(srl(load_u8(b + 32), c), 1), 4));
+    w0 = sub(mul(ds, to_float(a)), dm);
+    w1 = sub(mul(ds, to_float(q)), dm);
   }
+};
+
+struct ScalesK6 {
+  float scale[16];
 };
 
 struct Q6_K {  // 128 bytes ql, 64 bytes qh, 16 int8 scales, d; 16 groups of 16: w = fl(d * sc) * (q - 32)
   static constexpr int kType = 14;
   static constexpr int64_t kQK = 256, kBytes = 210;
   static constexpr bool kElementwise = false;
-  template <class F> static inline void block(const uint8_t* b, F&& f) {
-    const uint8_t* ql = b;
-    const uint8_t* qh = b + 128;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  using State = ScalesK6;
+  static inline State prepare(const uint8_t* b) {
     const float d = f16(b + 208);
-    for (int h = 0; h < 2; ++h) {  // 128 elements: chunk 4h + k, k = 2 * nibble + half
-      I lq[4];
-      for (int t = 0; t < 4; ++t) lq[t] = load_u8(ql + 64 * h + 16 * t);
-      const I ha = load_u8(qh + 32 * h), hb = load_u8(qh + 32 * h + 16);
-      for (int k = 0; k < 4; ++k) {
-        const int nib = k >> 1, half = k & 1, g = 4 * h + k;
-        const I a = nib ? srl(lq[2 * half], 4) : and_(lq[2 * half], 15);
-        const I c = nib ? srl(lq[2 * half + 1], 4) : and_(lq[2 * half + 1], 15);
-        const I qa = sub_(or_(a, shl(and_(srl(ha, 2 * k), 3), 4)), 32);
-        const I qb = sub_(or_(c, shl(and_(srl(hb, 2 * k), 3), 4)), 32);
-        const V da = set1(d * static_cast<float>(sc[2 * g])), db = set1(d * static_cast<float>(sc[2 * g + 1]));
-        f(g, mul(da, to_float(qa)), mul(db, to_float(qb)));
-      }
-    }
+    State s;
+    for (int i = 0; i < 16; ++i) s.scale[i] = d * static_cast<float>(static_cast<int8_t>(b[192 + i]));
+    return s;
+  }
+  // Chunk c = 4h + k of half h (128 elements): low 4 bits from ql[64h + 32 (k & 1) + j], nibble
+  // k >> 1; high 2 bits from qh[32h + j] >> 2k (gguf-py's Q6_K reshapes).
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const int h = c >> 2, k = c & 3;
+    const uint8_t* ql = b + 64 * h + 32 * (k & 1);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const I la = load_u8(ql), lb = load_u8(ql + 16);
+    const I a = k >> 1 ? srl(la, 4) : and_(la, 15), q = k >> 1 ? srl(lb, 4) : and_(lb, 15);
+    const I qa = sub_(or_(a, shl(and_(srl(load_u8(qh), 2 * k), 3), 4)), 32);
+    const I qb = sub_(or_(q, shl(and_(srl(load_u8(qh + 16), 2 * k), 3), 4)), 32);
+    w0 = mul(set1(s.scale[2 * c]), to_float(qa));
+    w1 = mul(set1(s.scale[2 * c + 1]), to_float(qb));
   }
 };
 

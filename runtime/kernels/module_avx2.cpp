@@ -3,5 +3,6 @@
 #include "simd_avx2.h"
 #include "blocks.h"
 #include "gemm.h"
+#include "bindings.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { SPECVOCAB_DEFINE_GEMM(m); }

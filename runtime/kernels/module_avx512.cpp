@@ -3,6 +3,7 @@
 #include "simd_avx512.h"
 #include "blocks.h"
 #include "gemm.h"
+#include "bindings.h"
 
 torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h);  // screen_avx512.cpp
 torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, double slack, double inv_t,

@@ -1,0 +1,104 @@
+// The torch entry points of one path's module: checks, ggml-type dispatch, threads (gemm.h does the math).
+//
+// Include after simd_*.h, blocks.h and gemm.h.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+namespace {
+namespace gemm {
+
+constexpr int64_t kGrain = 256;  // weight rows per parallel task
+
+// y [n, rows] = x [n, cols] . w^T, w given as rows of rb bytes in format D.
+template <class D>
+void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y) {
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    if (n == 1) {
+      float out[kRows];
+      int64_t i = begin;
+      for (; i + kRows <= end; i += kRows) {
+        rows_dot_one<D>(w + i * rb, rb, x, cols, i + kPrefetchRows + kRows <= end, out);
+        for (int r = 0; r < kRows; ++r) y[i + r] = out[r];
+      }
+      for (; i < end; ++i) row_dot_many<D, 1>(w + i * rb, x, cols, cols, nullptr, y + i, rows);
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* pf = i + kPrefetchRows < end ? w + (i + kPrefetchRows) * rb : nullptr;
+      for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
+        const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
+        row_dot_batch<D, kMaxBatch>(count, w + i * rb, x + b0 * cols, cols, b0 == 0 ? pf : nullptr, y + b0 * rows + i, rows);
+      }
+    }
+  });
+}
+
+template <class D>
+int64_t row_bytes(int64_t cols) {
+  return D::kElementwise ? cols * (D::kBytes / D::kQK) : cols / D::kQK * D::kBytes;
+}
+
+// Checks and the decoder of `type`, then fn(D{}) for a [rows, row_bytes] uint8 tensor of `cols` columns.
+template <class Fn>
+void dispatch(const torch::Tensor& data, int64_t type, int64_t cols, Fn&& fn) {
+  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.dim() == 2 && data.is_contiguous(), "weight data must be contiguous [rows, row_bytes] uint8");
+  const bool known = blocks::with_decoder(type, [&](auto d) {
+    using D = decltype(d);
+    TORCH_CHECK(cols > 0 && (D::kElementwise || cols % D::kQK == 0), "cols must be a multiple of ", D::kQK, " for ggml type ", type);
+    TORCH_CHECK(data.size(1) == row_bytes<D>(cols), "row_bytes ", data.size(1), " does not match ", cols, " columns of ggml type ", type);
+    fn(d);
+  });
+  TORCH_CHECK(known, "unsupported ggml type ", type);
+}
+
+// x [n, cols] float32, data [rows, row_bytes] uint8 in ggml `type` -> y [n, rows] float32.
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, int64_t type, int64_t cols) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == cols, "x must be [n, cols] float32");
+  x = x.contiguous();
+  auto y = torch::empty({x.size(0), data.size(0)}, x.options());
+  dispatch(data, type, cols, [&](auto d) {
+    run<decltype(d)>(data.data_ptr<uint8_t>(), data.size(0), data.size(1), cols, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+  });
+  return y;
+}
+
+// x [n, d] float32, w [out, d] float32 (contiguous) -> y [n, out] float32.
+torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(w.dtype() == torch::kFloat32 && w.dim() == 2 && w.is_contiguous(), "w must be contiguous [out, d] float32");
+  const int64_t cols = w.size(1);
+  return quant_linear(x, w.view(torch::kUInt8).view({w.size(0), cols * 4}), blocks::F32::kType, cols);
+}
+
+// data [rows, row_bytes] uint8 in ggml `type`, ids [k] int64 -> [k, cols] float32, the exact dequantized rows.
+torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::Tensor ids) {
+  TORCH_CHECK(ids.dtype() == torch::kLong && ids.dim() == 1, "ids must be [k] int64");
+  ids = ids.contiguous();
+  const int64_t k = ids.size(0), rows = data.size(0);
+  auto out = torch::empty({k, cols}, torch::kFloat32);
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < k; ++r) TORCH_CHECK(ip[r] >= 0 && ip[r] < rows, "row id ", ip[r], " out of range [0, ", rows, ")");
+  dispatch(data, type, cols, [&](auto d) {
+    using D = decltype(d);
+    const uint8_t* w = data.data_ptr<uint8_t>();
+    const int64_t rb = data.size(1);
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, k, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) decode_row<D>(w + ip[r] * rb, cols, op + r * cols);
+    });
+  });
+  return out;
+}
+
+}  // namespace gemm
+}  // namespace
+
+// The functions every path's module defines.
+#define SPECVOCAB_DEFINE_GEMM(m)                                                                              \
+  m.attr("path") = simd::kPath;                                                                               \
+  m.def("skinny_linear", &gemm::skinny_linear, "fp32 x @ w.T for a few rows of x, weights streamed once");    \
+  m.def("quant_linear", &gemm::quant_linear, "x @ dequantize(w).T over ggml blocks, in the skinny order");    \
+  m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix")
