@@ -73,9 +73,9 @@ DEFAULTS = Recipe()
 
 
 def load_recipe(model: str) -> Recipe:
-    """The recipe of a packaged model over DEFAULTS; DEFAULTS alone for other models."""
+    """The recipe of a packaged model over DEFAULTS; DEFAULTS alone for other models (a directory or a .gguf)."""
     path = RECIPES_DIR / f"{model}.toml"
-    if not path.is_file():
+    if Path(model).name != model or not path.is_file():  # a path never names a recipe (nor a .toml beside it)
         return DEFAULTS
     try:
         with path.open("rb") as f:
