@@ -131,6 +131,6 @@ def test_a_prompt_at_the_context_limit_runs_within_the_memory_bound(tmp_path: Pa
     bound = 2 * kv_cache + 2 * chunk_scores + (64 << 20)
     assert heads * limit * limit * 4 > 8 * bound  # the bound means something: one-piece scores are far above it
     grown = (out["after_kib"] - out["before_kib"]) * 1024
-    assert out["limit"] == limit and out["tokens"] == 1 and "leaves room for 1 new tokens" in out["note"]
+    assert out["limit"] == limit and out["tokens"] == 1 and "leaves room for 1 new token in" in out["note"]
     assert grown <= bound, f"peak RSS grew {grown / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB"
     assert f"the prompt is {limit + 1} tokens" in out["refused"] and out["refused_s"] < 1.0
