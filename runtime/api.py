@@ -131,8 +131,8 @@ class Engine:
         ids = self.encode(prompt, chat)
         room, note = self.room(ids.numel()), None
         if max_new_tokens > room:  # the prompt plus the new tokens stay within the context
-            note = (f"note: the prompt ({ids.numel()} tokens) leaves room for {room} new token{'s' * (room != 1)} in the model's "
-                    f"context of {self.context_length}; generating at most {room}, not {max_new_tokens}")
+            note = (f"note: the prompt ({ids.numel()} tokens) leaves room for {room} new token{'s' * (room != 1)} "
+                    f"in the model's context of {self.context_length}; generating at most {room}, not {max_new_tokens}")
             max_new_tokens = room
         stops = StopStrings(self.tokenizer, stop) if stop else None
         generator = torch.Generator().manual_seed(seed)
