@@ -127,6 +127,23 @@ def test_compiled_paths_bit_identical(path: str) -> None:
         assert torch.equal(other.take_rows(w.data, int(t), w.cols, ids), active.take_rows(w.data, int(t), w.cols, ids)), t.name
 
 
+def test_thread_count_does_not_change_the_bits() -> None:
+    """Rows split across threads (at::parallel_for) sum exactly as one thread does."""
+    if kernel_name() == "torch":
+        pytest.skip("SPECVOCAB_KERNELS=torch: no compiled path")
+    w = random_matrix(T.Q8_0, 1031, 96, seed=3)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [linear(x[:n], w) for n in (1, 5)]
+        torch.set_num_threads(2)
+        two = [linear(x[:n], w) for n in (1, 5)]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
 def test_unsupported_type_and_bad_override_say_what_to_do(monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"Q2_K .*--backend lean"):
         QuantMatrix(torch.zeros(2, 84, dtype=torch.uint8), int(T.Q2_K), 2, 256)

@@ -23,7 +23,16 @@ using namespace simd;
 
 inline uint16_t u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
 inline uint32_t u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
-inline float f16(const uint8_t* p) { return half_to_float(u16(p)); }
+// Every fp16 value as float32 (256 KB, built when the module loads): a block's scale is then one
+// load that the broadcast folds in, no vector-port work (the kernels are bound by those ports).
+struct HalfTable {
+  float value[1 << 16];
+  HalfTable() {
+    for (uint32_t h = 0; h < (1u << 16); ++h) value[h] = half_to_float(static_cast<uint16_t>(h));
+  }
+};
+const HalfTable kHalf;
+inline float f16(const uint8_t* p) { return kHalf.value[u16(p)]; }
 
 struct NoState {};
 
@@ -82,8 +91,8 @@ struct Q4_0 {  // d, 16 bytes of nibbles (low: elements 0..15, high: 16..31): w 
   static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
     const V d = set1(s.d);
     const I q = load_u8(b + 2);
-    w0 = mul(d, to_float(sub_(and_(q, 15), 8)));
-    w1 = mul(d, to_float(sub_(srl(q, 4), 8)));
+    w0 = mul(d, nibble_float<8>(q));
+    w1 = mul(d, nibble_float<8>(srl(q, 4)));
   }
 };
 
@@ -96,18 +105,10 @@ struct Q4_1 {  // d, m, nibbles: w = d * q + m (two roundings)
   static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
     const V d = set1(s.d), m = set1(s.m);
     const I q = load_u8(b + 4);
-    w0 = add(mul(d, to_float(and_(q, 15))), m);
-    w1 = add(mul(d, to_float(srl(q, 4))), m);
+    w0 = add(mul(d, nibble_float<0>(q)), m);
+    w1 = add(mul(d, nibble_float<0>(srl(q, 4))), m);
   }
 };
-
-// The 5-bit values of a Q5_0 / Q5_1 block: nibbles plus bit i of the 32-bit qh for element i.
-inline void five_bits(const uint8_t* qh, const uint8_t* qs, I& lo, I& hi) {
-  const uint32_t h = u32(qh);
-  const I q = load_u8(qs);
-  lo = or_(and_(q, 15), bits16(h & 0xFFFFu, 16));
-  hi = or_(srl(q, 4), bits16(h >> 16, 16));
-}
 
 struct Q5_0 {  // d, qh, nibbles: w = d * (q - 16)
   static constexpr int kType = 6;
@@ -117,10 +118,10 @@ struct Q5_0 {  // d, qh, nibbles: w = d * (q - 16)
   static inline State prepare(const uint8_t* b) { return {f16(b)}; }
   static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
     const V d = set1(s.d);
-    I lo, hi;
-    five_bits(b + 2, b + 6, lo, hi);
-    w0 = mul(d, to_float(sub_(lo, 16)));
-    w1 = mul(d, to_float(sub_(hi, 16)));
+    const uint32_t h = u32(b + 2);  // bit i: bit 4 of element i
+    const I q = load_u8(b + 6);
+    w0 = mul(d, five_bit_float<16>(q, h & 0xFFFFu));
+    w1 = mul(d, five_bit_float<16>(srl(q, 4), h >> 16));
   }
 };
 
@@ -132,10 +133,10 @@ struct Q5_1 {  // d, m, qh, nibbles: w = d * q + m
   static inline State prepare(const uint8_t* b) { return {f16(b), f16(b + 2)}; }
   static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
     const V d = set1(s.d), m = set1(s.m);
-    I lo, hi;
-    five_bits(b + 4, b + 8, lo, hi);
-    w0 = add(mul(d, to_float(lo)), m);
-    w1 = add(mul(d, to_float(hi)), m);
+    const uint32_t h = u32(b + 4);
+    const I q = load_u8(b + 8);
+    w0 = add(mul(d, five_bit_float<0>(q, h & 0xFFFFu)), m);
+    w1 = add(mul(d, five_bit_float<0>(srl(q, 4), h >> 16)), m);
   }
 };
 
@@ -158,11 +159,11 @@ inline ScalesK4 scales_k4(const uint8_t* b) {
 }
 
 // Sub-block c of a Q4_K / Q5_K super-block: 32 bytes of nibbles at qs + 32 * (c / 2), the low
-// nibbles for even c, the high ones for odd c.
+// nibbles for even c, the high ones for odd c (in the low 4 bits of a and b; higher bits: garbage).
 inline void nibbles_k(const uint8_t* qs, int c, I& a, I& b) {
   const I qa = load_u8(qs + 32 * (c >> 1)), qb = load_u8(qs + 32 * (c >> 1) + 16);
-  a = c & 1 ? srl(qa, 4) : and_(qa, 15);
-  b = c & 1 ? srl(qb, 4) : and_(qb, 15);
+  a = c & 1 ? srl(qa, 4) : qa;
+  b = c & 1 ? srl(qb, 4) : qb;
 }
 
 struct Q4_K {  // d, dmin, 12 bytes of scales, 128 bytes of nibbles; 8 sub-blocks of 32: w = fl(d*sc) * q - fl(dmin*m)
@@ -175,8 +176,8 @@ struct Q4_K {  // d, dmin, 12 bytes of scales, 128 bytes of nibbles; 8 sub-block
     const V ds = set1(s.scale[c]), dm = set1(s.min[c]);
     I a, q;
     nibbles_k(b + 16, c, a, q);
-    w0 = sub(mul(ds, to_float(a)), dm);
-    w1 = sub(mul(ds, to_float(q)), dm);
+    w0 = sub(mul(ds, nibble_float<0>(a)), dm);
+    w1 = sub(mul(ds, nibble_float<0>(q)), dm);
   }
 };
 
@@ -190,8 +191,8 @@ struct Q5_K {  // Q4_K plus 32 bytes qh at byte 16: bit c of qh[j] is bit 4 of e
     const V ds = set1(s.scale[c]), dm = set1(s.min[c]);
     I a, q;
     nibbles_k(b + 48, c, a, q);
-    a = or_(a, shl(and_(srl(load_u8(b + 16), c), 1), 4));
-    q = or_(q, shl(and_(srl(load_u8(b + 32), c), 1), 4));
+    a = or_(and_(a, 15), shl(and_(srl(load_u8(b + 16), c), 1), 4));
+    q = or_(and_(q, 15), shl(and_(srl(load_u8(b + 32), c), 1), 4));
     w0 = sub(mul(ds, to_float(a)), dm);
     w1 = sub(mul(ds, to_float(q)), dm);
   }

@@ -63,6 +63,13 @@ inline I bits16(uint32_t bits, int value) {
           _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(hi, lane_bit), lane_bit), v)};
 }
 
+// float((q & 15) - Offset) per lane.
+template <int Offset>
+inline V nibble_float(I q) { return to_float(sub_(and_(q, 15), Offset)); }
+// float(((q & 15) | 16 * bit i of `bits`) - Offset) per lane i.
+template <int Offset>
+inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bits16(bits, 16)), Offset)); }
+
 inline V load_f16(const uint8_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};

@@ -47,6 +47,21 @@ inline I sub_(I a, int b) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(b))}
 // Lane i is `value` where bit i of `bits` is set, else 0.
 inline I bits16(uint32_t bits, int value) { return {_mm512_maskz_mov_epi32(static_cast<__mmask16>(bits), _mm512_set1_epi32(value))}; }
 
+// Lanes [Base, Base + 16) as floats: the tables of nibble_float / five_bit_float.
+template <int Base>
+inline __m512 iota_ps() {
+  return _mm512_setr_ps(Base + 0, Base + 1, Base + 2, Base + 3, Base + 4, Base + 5, Base + 6, Base + 7, Base + 8, Base + 9,
+                        Base + 10, Base + 11, Base + 12, Base + 13, Base + 14, Base + 15);
+}
+// float((q & 15) - Offset) per lane: one permute of a 16-entry table (it reads the low 4 bits).
+template <int Offset>
+inline V nibble_float(I q) { return {_mm512_permutexvar_ps(q.v, iota_ps<-Offset>())}; }
+// float(((q & 15) | 16 * bit i of `bits`) - Offset) per lane i: two table permutes.
+template <int Offset>
+inline V five_bit_float(I q, uint32_t bits) {
+  return {_mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q.v, iota_ps<-Offset>()), static_cast<__mmask16>(bits), q.v, iota_ps<16 - Offset>())};
+}
+
 inline V load_f16(const uint8_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 inline V load_bf16(const uint8_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
