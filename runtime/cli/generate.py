@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 import click
+import torch
 
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.methods import MAX_GAMMA, MethodSpec, canonical, methods_help, parse_method
@@ -100,7 +101,8 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     summary = stats.head.summary()
     label = canonical(spec) if spec.verifier else f"{spec.drafter} alone, no verifier"
     click.echo(
-        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode, prefill {stats.seconds_prefill:.2f} s; "
+        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode ({engine.session.target.name} backend, "
+        f"{torch.get_num_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s; "
         f"certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
         f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary",
         err=True,
