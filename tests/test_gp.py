@@ -22,7 +22,7 @@ from runtime.drafters import build_drafter
 from runtime.drafters.gp import GPDrafter, GPStage, low_rank_copy
 from runtime.heads import FullHead
 from runtime.sampling import SamplingParams
-from runtime.backends.decoder import Projection
+from runtime.backends.layers import Projection
 from runtime.session import open_session
 from runtime.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget

@@ -10,7 +10,7 @@ from runtime.drafters import build_drafter
 from runtime.drafters.int8 import Int8Drafter, Int8Projection, int8_copy
 from runtime.heads import FullHead
 from runtime.sampling import SamplingParams
-from runtime.backends.decoder import Projection
+from runtime.backends.layers import Projection
 from runtime.backends.lean import lean_target
 from runtime.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget

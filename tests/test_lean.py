@@ -12,7 +12,7 @@ from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
 from runtime.sampling import SamplingParams
 from runtime.kernels import SKINNY_MAX_ROWS, kernel_name, linear
-from runtime.backends.decoder import UnsupportedModel
+from runtime.backends.layers import UnsupportedModel
 from runtime.backends.lean import lean_target
 from runtime.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.backends.base import KVCache, TargetModel, eos_ids
-from runtime.backends.decoder import SUPPORTED_TYPES, UnsupportedModel, check_supported
+from runtime.backends.layers import SUPPORTED_TYPES, UnsupportedModel, check_supported
 
 BACKENDS = ("auto", "native", "lean", "transformers")
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from runtime.backends.base import eos_ids
-from runtime.backends.decoder import Decoder, DecoderLayer, Projection, UnsupportedModel, check_supported, layer_type
+from runtime.backends.decoder import Decoder
+from runtime.backends.layers import DecoderLayer, Projection, UnsupportedModel, check_supported, layer_type
 from runtime.backends.target import DecoderTarget
 
 

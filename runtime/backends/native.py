@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runtime.backends.decoder import Decoder, DecoderLayer, UnsupportedModel, check_supported, layer_type
+from runtime.backends.decoder import Decoder
+from runtime.backends.layers import DecoderLayer, UnsupportedModel, check_supported, layer_type
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
 from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, linear

@@ -16,7 +16,7 @@ import torch
 
 from artifacts import Artifact
 from artifacts.format import Stage
-from runtime.backends.decoder import Projection
+from runtime.backends.layers import Projection
 from runtime.backends.target import DecoderTarget
 from runtime.drafters.layers import BackendDrafter
 
