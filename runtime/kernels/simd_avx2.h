@@ -54,13 +54,19 @@ inline I or_(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.
 inline I srl(I a, int s) { const __m128i c = _mm_cvtsi32_si128(s); return {_mm256_srl_epi32(a.lo, c), _mm256_srl_epi32(a.hi, c)}; }
 inline I shl(I a, int s) { const __m128i c = _mm_cvtsi32_si128(s); return {_mm256_sll_epi32(a.lo, c), _mm256_sll_epi32(a.hi, c)}; }
 inline I sub_(I a, int b) { const __m256i v = _mm256_set1_epi32(b); return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)}; }
-// Lane i is `value` where bit i of `bits` is set, else 0.
-inline I bits16(uint32_t bits, int value) {
-  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i v = _mm256_set1_epi32(value);
-  const __m256i lo = _mm256_set1_epi32(static_cast<int>(bits & 0xFFu)), hi = _mm256_set1_epi32(static_cast<int>((bits >> 8) & 0xFFu));
-  return {_mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(lo, lane_bit), lane_bit), v),
-          _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(hi, lane_bit), lane_bit), v)};
+// Lane i of entry v is 16 * bit i of v (8 KB, built when the module loads).
+struct BitTable {
+  alignas(32) int32_t lane[256][8];
+  BitTable() {
+    for (int v = 0; v < 256; ++v)
+      for (int i = 0; i < 8; ++i) lane[v][i] = (v >> i) & 1 ? 16 : 0;
+  }
+};
+const BitTable kBit16;
+// Lane i is 16 where bit i of `bits` is set, else 0: a table load per 8 lanes.
+inline I bit4s(uint32_t bits) {
+  return {_mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[bits & 0xFFu])),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[(bits >> 8) & 0xFFu]))};
 }
 
 // float((q & 15) - Offset) per lane.
@@ -68,7 +74,7 @@ template <int Offset>
 inline V nibble_float(I q) { return to_float(sub_(and_(q, 15), Offset)); }
 // float(((q & 15) | 16 * bit i of `bits`) - Offset) per lane i.
 template <int Offset>
-inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bits16(bits, 16)), Offset)); }
+inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bit4s(bits)), Offset)); }
 
 inline V load_f16(const uint8_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),

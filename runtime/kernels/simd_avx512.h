@@ -44,8 +44,6 @@ inline I or_(I a, I b) { return {_mm512_or_si512(a.v, b.v)}; }
 inline I srl(I a, int s) { return {_mm512_srl_epi32(a.v, _mm_cvtsi32_si128(s))}; }
 inline I shl(I a, int s) { return {_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(s))}; }
 inline I sub_(I a, int b) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(b))}; }
-// Lane i is `value` where bit i of `bits` is set, else 0.
-inline I bits16(uint32_t bits, int value) { return {_mm512_maskz_mov_epi32(static_cast<__mmask16>(bits), _mm512_set1_epi32(value))}; }
 
 // Lanes [Base, Base + 16) as floats: the tables of nibble_float / five_bit_float.
 template <int Base>

@@ -48,14 +48,14 @@ inline I or_(I a, I b) { SV_LANES a.v[l] |= b.v[l]; return a; }
 inline I srl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) >> s); return a; }
 inline I shl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) << s); return a; }
 inline I sub_(I a, int b) { SV_LANES a.v[l] -= b; return a; }
-inline I bits16(uint32_t bits, int value) { I r; SV_LANES r.v[l] = (bits >> l) & 1u ? value : 0; return r; }
+inline I bit4s(uint32_t bits) { I r; SV_LANES r.v[l] = (bits >> l) & 1u ? 16 : 0; return r; }  // 16 where bit l is set
 
 // float((q & 15) - Offset) per lane.
 template <int Offset>
 inline V nibble_float(I q) { return to_float(sub_(and_(q, 15), Offset)); }
 // float(((q & 15) | 16 * bit i of `bits`) - Offset) per lane i.
 template <int Offset>
-inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bits16(bits, 16)), Offset)); }
+inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bit4s(bits)), Offset)); }
 
 // Exact IEEE half -> float (normals, subnormals, infinities; NaNs keep their payload).
 inline float half_to_float(uint16_t h) {
