@@ -151,7 +151,10 @@ class Engine:
         min_response_tokens: int = 4,
     ) -> dict:
         """Run methods interleaved on the same prompts (ar always among them, first); the JSON record
-        `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, ...)."""
+        `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, the
+        target's perplexity of its output, joules per token or null with the reason, ...)."""
+        from runtime.bench.energy import EnergyMeter
+        from runtime.bench.perplexity import perplexity
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import kernel_name
 
@@ -170,14 +173,19 @@ class Engine:
                 raise ValueError(f"prompt {i} ({prompt.numel()} tokens) leaves room for {self.room(prompt.numel())} "
                                  f"new tokens in the model's context of {self.context_length}, not {max_new_tokens}: "
                                  "lower max_new_tokens (--max-new-tokens) or drop that prompt")
-        results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard)
+        meter = EnergyMeter()
+        results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter)
+        rss = peak_rss_mib()  # the methods' runs, not the perplexity forwards below
+        for result in results:  # after every timed run: one teacher-forced target forward per prompt
+            result.perplexity = perplexity(self.session.target, self.session.full_head(), ids, result.outputs)
         return {
             "setup": {
                 "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
-                "backend": self.session.target.name, "peak_rss_mib": peak_rss_mib(),
+                "backend": self.session.target.name, "peak_rss_mib": rss,
+                "energy_counters": meter.description,
             },
             "methods": summarize(results, sampling),
         }

@@ -21,19 +21,26 @@ COLUMNS = [
     ("acceptance_rate", "acceptance", "{:.1%}"),
     ("predicted_tokens_per_s", "predicted tok/s", "{:.2f}"),
     ("shortlist_fraction", "shortlist", "{:.1%}"),
+    ("perplexity", "perplexity", "{:.3f}"),
+    ("joules_per_token", "J/token", "{:.4f}"),
 ]
+ALWAYS_SHOWN = {"perplexity", "joules_per_token"}  # every bench table has them, measured or not
+# A null value whose row carries this reason field prints as n/a (not measurable here), not as a dash.
+REASONS = {"joules_per_token": "energy_unavailable"}
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """Markdown table of the bench rows; columns that are empty for every method are left out."""
-    return markdown_rows(rows, [c for c in COLUMNS if any(row.get(c[0]) is not None for row in rows)])
+    """Markdown table of the bench rows; columns empty for every method are left out (but ALWAYS_SHOWN)."""
+    shown = [c for c in COLUMNS if c[0] in ALWAYS_SHOWN or any(row.get(c[0]) is not None for row in rows)]
+    return markdown_rows(rows, shown)
 
 
 def markdown_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """Markdown table with (key, title, format) columns; missing values print as a dash."""
+    """Markdown table with (key, title, format) columns; missing values print as a dash (n/a: see REASONS)."""
     lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        cells = [fmt.format(row[key]) if row.get(key) is not None else "–" for key, _, fmt in columns]
+        cells = [fmt.format(row[key]) if row.get(key) is not None else "n/a" if row.get(REASONS.get(key, "")) else "–"
+                 for key, _, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

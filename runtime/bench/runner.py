@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from runtime.bench.energy import EnergyMeter
 from runtime.method_builders import Method
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats, HeadStats, SpecStats
@@ -24,6 +25,9 @@ class MethodResult:
     distribution_preserving: bool = True
     outputs: list[list[int]] = field(default_factory=list)
     runs: list[DecodeStats] = field(default_factory=list)
+    joules: list[float] = field(default_factory=list)  # per run, whole decode call; empty without counters
+    energy_unavailable: str | None = None  # why there are no joules ("not available: ...")
+    perplexity: float | None = None  # the target's, of `outputs` (runtime.bench.perplexity), set after the runs
 
     @property
     def head(self) -> HeadStats:
@@ -47,23 +51,31 @@ def run_bench(
     seed: int,
     warmup_tokens: int = 8,
     min_new_tokens: int = 0,
+    meter: EnergyMeter | None = None,
 ) -> list[MethodResult]:
     """Warm every method up, then for each prompt run every method (rotating the order).
 
     min_new_tokens: the EOS min-response guard, passed to every method (bench --chat).
+    meter: the energy counters read around each decode call (default: this machine's).
     """
+    meter = EnergyMeter() if meter is None else meter
     for method in methods:
         method.decode(prompts[0], warmup_tokens, params, torch.Generator().manual_seed(seed), min_new_tokens)
-    results = {m.name: MethodResult(m.name, m.distribution_preserving) for m in methods}
+    results = {m.name: MethodResult(m.name, m.distribution_preserving, energy_unavailable=meter.reason)
+               for m in methods}
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
     for index, prompt in enumerate(prompts):
         shift = index % len(methods)
         for method in methods[shift:] + methods[:shift]:
             # Same seed per prompt for every method: exact samplers must then agree token for token.
             generator = torch.Generator().manual_seed(seed + index)
+            before = meter.read()
             tokens, stats = method.decode(prompt, max_new_tokens, params, generator, min_new_tokens)
+            joules = meter.joules_since(before)
             results[method.name].outputs.append(tokens)
             results[method.name].runs.append(stats)
+            if joules is not None:
+                results[method.name].joules.append(joules)
             bar.update(1)
     bar.close()
     return [results[m.name] for m in methods]
@@ -93,6 +105,10 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
             "required_open_fraction": head.required_open_fraction if head.required_open_tokens else None,
             **_speculative_fields(result),
             "shortlist_fraction": _shortlist_fraction(result),
+            "perplexity": result.perplexity,
+            # Whole decode calls (prefill included) per new token; null with the reason where no counter is readable.
+            "joules_per_token": _joules_per_token(result),
+            "energy_unavailable": result.energy_unavailable,
         }
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
     return rows
@@ -110,6 +126,12 @@ def _speculative_fields(result: MethodResult) -> dict:
         "acceptance_rate": total.acceptance_rate,
         "predicted_tokens_per_s": total.predicted_tokens_per_s,
     }
+
+
+def _joules_per_token(result: MethodResult) -> float | None:
+    """Measured joules over every run of the method per new token (None without counters or tokens)."""
+    tokens = sum(run.new_tokens for run in result.runs)
+    return sum(result.joules) / tokens if result.joules and tokens else None
 
 
 def _shortlist_fraction(result: MethodResult) -> float | None:
