@@ -240,3 +240,18 @@ def test_cli_bench_json_and_table_carry_both_columns(engine, no_counters, tmp_pa
     assert record["methods"][0]["perplexity"] == record["methods"][1]["perplexity"]
     table = out.with_suffix(".md").read_text()
     assert "| perplexity | J/token |" in table and "| n/a |" in table
+
+
+@pytest.mark.real_model
+def test_real_qwen_exact_greedy_methods_share_ar_perplexity(qwen_session, no_counters):
+    """qwen2.5-coder on its default backend (native): the equality holds on a real model and real prompts."""
+    from runtime.data import humaneval_prompts
+
+    engine = api.Engine(qwen_session)
+    record = engine.bench(["csv:screen", "spec:ngram", "spec:int8"], humaneval_prompts(2), max_new_tokens=16)
+    rows = {row["method"]: row for row in record["methods"]}
+    assert record["setup"]["backend"] == "native"
+    reference = rows["ar"]["perplexity"]
+    assert 1 < reference < 50  # greedy code continuations are likely under their own model
+    for name in ("csv:screen", "spec:ngram", "spec:int8"):
+        assert rows[name]["identical_to_greedy"] == 1.0 and rows[name]["perplexity"] == reference
