@@ -74,18 +74,9 @@ def drafter_head(session: Session, spec: MethodSpec, head):
 
 def autoregressive(session: Session, spec: MethodSpec) -> Decoder:
     """ar / csv: one target forward and one head call per token."""
-    target = session.target
-    if spec.backend is not None:
-        from runtime.backends import make_target
-
-        loaded = session.model
-        if spec.backend != "native" and loaded.model is None:
-            raise ValueError(f"ar:{spec.backend} needs the fp32 model, which this session did not load; "
-                             "open it with --backend lean or transformers")
-        config = loaded.config if loaded.config is not None else loaded.model.config
-        target = make_target(spec.backend, config=config, eos_token_ids=target.eos_token_ids,
-                             model=loaded.model, gguf_path=loaded.gguf_path)
-    head = target_head(session, spec)
+    # ar:BACKEND: the same model on another backend (its fp32 weights are loaded if that backend needs them).
+    target = session.target if spec.backend is None else session.target_on(spec.backend)
+    head = target_head(session, spec) if spec.backend is None else FullHead(target.head_weight, target.head_bias)
 
     def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
         return generate_ar(target, head, prompt, n, params, generator, on_token=on_token,

@@ -17,7 +17,6 @@ output is the same dot product either way).
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +27,8 @@ from runtime.backends.decoder import Decoder
 from runtime.backends.layers import DecoderLayer, UnsupportedModel, check_supported, layer_type
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
-from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, linear
-from runtime.kernels.quant import SUPPORTED_GGML_TYPES
+from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, linear, take_rows
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES, type_name
 
 
 class NativeProjection:
@@ -62,8 +61,6 @@ class GGUFTensors:
     """The tensors of a memory-mapped GGUF file by name (zero-copy torch views)."""
 
     def __init__(self, path: Path) -> None:
-        from gguf import GGMLQuantizationType
-
         self.path = path
         try:
             self.file = GGUFFile(path)
@@ -72,7 +69,7 @@ class GGUFTensors:
         self.types = {name: info.ggml_type for name, info in self.file.tensors.items()}
         unsupported = sorted({t for t in self.types.values() if t not in SUPPORTED_GGML_TYPES})
         if unsupported:
-            names = ", ".join(GGMLQuantizationType(t).name if t in GGMLQuantizationType._value2member_map_ else str(t) for t in unsupported)
+            names = ", ".join(type_name(t) for t in unsupported)
             raise UnsupportedModel(f"{path.name} holds tensor type(s) {names}, which the native backend does not read; use --backend lean")
 
     def __contains__(self, name: str) -> bool:
@@ -81,10 +78,7 @@ class GGUFTensors:
     def matrix(self, name: str) -> QuantMatrix:
         """A 2-D tensor as a QuantMatrix over the mapped bytes [rows, row_bytes]."""
         cols, rows = self.file.tensors[name].dims
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # torch warns that the read-only map is not writable
-            data = torch.from_numpy(self.file.array(name))  # [rows, row_bytes] uint8
-        return QuantMatrix(data, self.types[name], int(rows), int(cols))
+        return QuantMatrix.from_numpy(self.file.array(name), self.types[name], int(rows), int(cols))
 
     def vector(self, name: str) -> torch.Tensor | None:
         """A 1-D F32 tensor (norm weight, bias) copied into memory, or None when the file lacks it."""
@@ -123,12 +117,15 @@ class _Builder:
         self.body = self.skeleton.get_decoder()
 
     def norm(self, template: torch.nn.Module, name: str) -> torch.nn.Module:
+        """The norm module `template` with the file's weight `name` (gemma's stored as 1 + w)."""
         weight = self.tensors.vector(name)
         if weight is None:
             raise UnsupportedModel(f"{self.tensors.path.name} has no tensor {name}; use --backend lean")
         return _module(template, weight - 1 if self.gemma else weight)  # transformers' Gemma2TensorProcessor
 
     def projection(self, names: list[str], heads: list[int | None], bias: bool = False) -> NativeProjection:
+        """The projection over tensors `names` (outputs concatenated); heads: the rotary head count of a
+        llama q/k tensor whose rows llama.cpp permuted, else None."""
         parts = []
         for name, count in zip(names, heads):
             matrix = self.tensors.matrix(f"{name}.weight")
@@ -165,8 +162,6 @@ class _Builder:
 
     def embed(self, table: QuantMatrix):
         """ids [T] -> rows [T, d], scaled as transformers' embedding module scales them (gemma: sqrt(d))."""
-        from runtime.kernels import take_rows
-
         scalar = getattr(self.body.embed_tokens, "scalar_embed_scale", None)
         scale = torch.tensor(scalar) if scalar is not None else None  # a float32 0-d tensor, as transformers builds it
 
