@@ -9,18 +9,13 @@ use them are marked `real_model`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-# Captured at import, before any test's monkeypatch: the real model lives in the user's cache
-# (converting it afresh takes minutes), even while a test points SPECVOCAB_CACHE elsewhere.
-USER_CACHE = os.environ.get("SPECVOCAB_CACHE")
+from factories import TINY_LLAMA, USER_CACHE, TinyHead, make_tiny_head, real_texts
 
-TINY_VOCAB, TINY_DIM = 4096, 64
-HIDDEN_NORM = 100.0  # real models' final-normed hidden states have norms ~130-180
 REAL_MODEL = "gemma3-270m"
 REAL_QWEN = "qwen2.5-coder-0.5b-instruct"
 REAL_CLUSTERS, REAL_ITERATIONS = 256, 4  # the recipe's 2048 x 10 takes ~90 s; soundness does not need it
@@ -33,76 +28,10 @@ REAL_MAX_TOKENS_PER_TEXT = 256
 torch.set_num_threads(int(os.environ.get("SPECVOCAB_TEST_THREADS", "1")))
 
 
-@dataclass
-class TinyHead:
-    """A random LM head and hidden states to feed it."""
-
-    weight: torch.Tensor  # [V, d] float32
-    bias: torch.Tensor | None  # [V] or None
-    hidden: torch.Tensor  # [B, d] float32
-
-
-def random_hidden(rows: int, dim: int, generator: torch.Generator, norm: float = HIDDEN_NORM) -> torch.Tensor:
-    """Hidden states [rows, d] of the given norm; every third row has a few massive coordinates.
-
-    Real models' hidden states have outlier dimensions ("massive activations"); they stress the
-    bounds differently from isotropic vectors of the same norm.
-    """
-    h = torch.randn(rows, dim, generator=generator)
-    h[::3, :3] *= 30.0
-    return h / h.norm(dim=1, keepdim=True) * norm
-
-
-def make_tiny_head(
-    bias: bool = False, seed: int = 0, vocab: int = TINY_VOCAB, dim: int = TINY_DIM, rows: int = 16
-) -> TinyHead:
-    """Random head with rows of norm ~1, a few rows 10-50x larger, and optionally a spread-out bias."""
-    gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(vocab, dim, generator=gen) / dim**0.5  # [V, d]
-    big = torch.randperm(vocab, generator=gen)[:8]
-    weight[big] *= torch.linspace(10.0, 50.0, len(big))[:, None]
-    b = torch.randn(vocab, generator=gen) * 3.0 if bias else None  # [V]
-    return TinyHead(weight, b, random_hidden(rows, dim, gen))
-
-
 @pytest.fixture(params=[False, True], ids=["no-bias", "bias"])
 def tiny_head(request) -> TinyHead:
     """A tiny random head (V=4096, d=64), once without and once with a bias."""
     return make_tiny_head(bias=request.param)
-
-
-TINY_ARCHS = ("gemma3", "llama", "qwen2")
-# The tiny Llama most runtime tests share: 2 layers, vocab 256, hidden 64, EOS id 1.
-TINY_LLAMA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, tie_word_embeddings=False, bos_token_id=2, eos_token_id=1)
-
-
-def tiny_causal_lm(arch: str) -> torch.nn.Module:
-    """A fresh random tiny causal LM (vocab 128, hidden 64) of one architecture, same weights on every call.
-
-    gemma3 has 3 layers with a 6-token sliding window on the first two; qwen2 has grouped KV heads
-    and q/k/v biases; llama is the plain case.
-    """
-    from transformers import (
-        Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-    )
-
-    if arch == "gemma3":
-        torch.manual_seed(1)
-        return Gemma3ForCausalLM(Gemma3TextConfig(
-            vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=1, head_dim=32, sliding_window=6,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention"], query_pre_attn_scalar=32,
-        )).eval()
-    if arch == "qwen2":
-        torch.manual_seed(2)
-        return Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2)).eval()
-    if arch == "llama":
-        torch.manual_seed(3)
-        return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=4)).eval()
-    raise ValueError(f"no tiny {arch!r} model; use one of {', '.join(TINY_ARCHS)}")
 
 
 @pytest.fixture(scope="session")
@@ -208,14 +137,6 @@ def qwen_session(real_qwen, tmp_path_factory):
     stages.write_screen(source, group_size=None, force=False)
     target = reload_target(real_qwen, "auto", model_eos_ids(real_qwen.model, real_qwen.tokenizer))  # the default backend: native
     return Session(Artifact.open(path), real_qwen, target)
-
-
-def real_texts() -> list[str]:
-    """Code and chat texts, interleaved, to run the real model over."""
-    from runtime.data import humaneval_prompts, sharegpt_prompts
-
-    code, chat = humaneval_prompts(20), sharegpt_prompts(20)
-    return [text for pair in zip(code, chat) for text in pair]
 
 
 @pytest.fixture(scope="session")

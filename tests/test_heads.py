@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TinyHead, make_tiny_head, random_hidden
+from factories import TinyHead, make_tiny_head, random_hidden
 from prep.cluster import build_clusters
 from prep.screen import quantize_int8
 from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound

@@ -14,7 +14,7 @@ from runtime.backends.layers import Projection
 from runtime.backends.lean import lean_target
 from runtime.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
-from conftest import tiny_causal_lm
+from factories import tiny_causal_lm
 
 
 def test_int8_projection_is_close_and_uses_dense_weights_for_long_inputs() -> None:

@@ -16,7 +16,7 @@ from runtime.backends.layers import UnsupportedModel
 from runtime.backends.lean import lean_target
 from runtime.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
-from conftest import TINY_ARCHS, tiny_causal_lm
+from factories import TINY_ARCHS, tiny_causal_lm
 
 
 

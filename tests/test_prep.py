@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_head
+from factories import make_tiny_head
 from prep.cluster import build_clusters
 from prep.screen import CANDIDATE_GROUPS, build_screen, choose_group_size, quantize_int8
 

@@ -19,7 +19,7 @@ from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_nam
 from runtime.kernels import build
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch
 
-from conftest import USER_CACHE
+from factories import USER_CACHE
 
 TYPES = [pytest.param(t, id=t.name) for t in SUPPORTED_GGML_TYPES]
 _HAS_MIN = (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)  # a second fp16 (min / dmin) at byte 2

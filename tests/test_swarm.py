@@ -214,7 +214,7 @@ def test_transformers_backend_refuses_tree_methods(artifact, monkeypatch) -> Non
 def test_real_gemma_greedy_swarm_equals_ar(gemma_session, name) -> None:
     from runtime.method_builders import build_method
 
-    from tests.conftest import real_texts
+    from factories import real_texts
 
     method, reference = build_method(gemma_session, name), build_method(gemma_session, "ar")
     accepted = 0

@@ -14,7 +14,7 @@ import torch
 
 from runtime.backends.lean import lean_target
 from runtime.trees import TokenTree, build_tree
-from tests.conftest import tiny_causal_lm
+from factories import tiny_causal_lm
 
 ARCHS = ("gemma3", "qwen2", "llama")
 SHAPES = [(2, 4, 7), (4, 3, 16), (8, 2, 24), (2, 9, 18), (4, 8, 32)]  # (K, depth, node budget)

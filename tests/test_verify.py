@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_head
+from factories import make_tiny_head
 from prep.screen import build_screen
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.sampling import SamplingParams, TokenBan, allowed_mask, gumbel_noise, mask_banned, sample_full, select_allowed, warp

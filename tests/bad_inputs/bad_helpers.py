@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
@@ -62,3 +63,20 @@ def prep_process(args: list[str], env: dict[str, str] | None = None) -> subproce
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "prep", *map(str, args)], cwd=REPO, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def save_tiny_model(path: Path, seed: int, **config) -> Path:
+    """A random 2-layer Llama (vocab 256, hidden 64; `config` overrides) and a word-level tokenizer, as an HF directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                                   bos_token_id=2, eos_token_id=1), **config})
+    LlamaForCausalLM(config).save_pretrained(path)
+    vocab = {"<unk>": 0, "</s>": 1, "<s>": 2, **{f"w{i}": i for i in range(3, 256)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>", bos_token="<s>").save_pretrained(path)
+    return path

@@ -10,28 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 
-from bad_helpers import TINY_CLUSTERS
+from bad_helpers import TINY_CLUSTERS, save_tiny_model
 from prep.cli import main as prep_main
-
-
-def save_tiny_model(path: Path, seed: int, **config) -> Path:
-    """A random 2-layer Llama (vocab 256, hidden 64; `config` overrides) and a word-level tokenizer, as an HF directory."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(**{**dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
-                                   bos_token_id=2, eos_token_id=1), **config})
-    LlamaForCausalLM(config).save_pretrained(path)
-    vocab = {"<unk>": 0, "</s>": 1, "<s>": 2, **{f"w{i}": i for i in range(3, 256)}}
-    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>", bos_token="<s>").save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")

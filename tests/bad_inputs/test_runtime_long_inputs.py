@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from bad_helpers import REPO, TINY_CLUSTERS, runtime_fails
-from conftest import save_tiny_model
+from bad_helpers import save_tiny_model
 from prep.cli import main as prep_main
 from runtime.backends.decoder import PREFILL_CHUNK
 from runtime.cli import main as runtime_main
