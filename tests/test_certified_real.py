@@ -14,6 +14,7 @@ from runtime.decode import generate_ar
 from runtime.heads import ClusterBound, ScreenBound
 from runtime.sampling import SamplingParams
 from runtime.prompting import encode_prompt
+from runtime.kernels import dequantize
 
 pytestmark = pytest.mark.real_model
 
@@ -23,7 +24,8 @@ GREEDY_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def head_weights(gemma_session):
-    return gemma_session.target.head_weight, gemma_session.target.head_bias
+    """The head's fp32 rows: the native backend's Q8_0 blocks dequantized (the values every bound is about)."""
+    return dequantize(gemma_session.target.head_weight), gemma_session.target.head_bias
 
 
 @pytest.fixture(scope="module")

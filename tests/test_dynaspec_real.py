@@ -11,6 +11,7 @@ from artifacts import Artifact
 from prep.router_train import RouterConfig, train_router
 from prep.stages import created_by
 from prep.traces import build_traces
+from runtime.backends.hf import TransformersTarget
 from runtime.method_builders import build_method
 from runtime.decode import generate_ar
 from runtime.sampling import SamplingParams
@@ -28,19 +29,22 @@ def gemma_traces(real_gemma, gemma_session, tmp_path_factory):
     """300 traced tokens (the final and the layers:16 hidden states)."""
     traces = tmp_path_factory.mktemp("gemma-traces") / "traces"
     # The first 25 HumanEval prompts, 12 tokens each: text 24 is the first in the validation split.
-    build_traces(gemma_session.target, real_gemma.tokenizer, real_gemma.info.name, "humaneval", traces, max_tokens=300,
+    target = TransformersTarget(real_gemma.model, gemma_session.target.eos_token_ids)  # as `prep traces` runs
+    build_traces(target, real_gemma.tokenizer, real_gemma.info.name, "humaneval", traces, max_tokens=300,
                  max_tokens_per_text=12, drafter_layers=(DEPTH,), progress=False)
     return traces
 
 
 def routed_session(real_gemma, gemma_session, traces, root, hidden: str) -> Session:
     """A gemma3-270m artifact with a router trained 5 steps on the traces' `hidden` state."""
-    session = Session(Artifact.create(root / "art", real_gemma.info, created_by()), real_gemma, gemma_session.target)
+    artifact = Artifact.create(root / "art", real_gemma.info, created_by())
+    # Training reads the fp32 weights (as `prep train-router` does); decoding runs on the default backend.
+    trainer = Session(artifact, real_gemma, TransformersTarget(real_gemma.model, gemma_session.target.eos_token_ids))
     config = RouterConfig(clusters=32, hidden=hidden, width=32, max_steps=5, batch_size=32, kmeans_iterations=2,
                           trainer_flags={"accelerator": "cpu", "devices": 1}, progress=False)
-    params = train_router(session, traces, root / "work", config)
+    params = train_router(trainer, traces, root / "work", config)
     assert params["hidden"] == hidden
-    return session
+    return Session(Artifact.open(artifact.path), real_gemma, gemma_session.target)
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def make_drafter(spec: str, session, target_head):
         return NgramDrafter()
     certified = isinstance(target_head, CertifiedHead)
     own = CertifiedHead(target_head.weight, target_head.bias, target_head.bound) if certified else session.full_head()
-    return LayerDrafter(session.target, session.target.body.config.num_hidden_layers - 2, own)
+    return LayerDrafter(session.target, session.target.num_layers - 2, own)
 
 
 def check_identity(session, runs, drafter: str, certified: bool) -> None:
