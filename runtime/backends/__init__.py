@@ -25,9 +25,9 @@ def native_unsupported(gguf_path: Path | None, config) -> str | None:
         return "the native backend reads a .gguf file and this model has none (an HF directory); use --backend lean"
     try:
         check_supported(config)
-        from runtime.backends.native import GGUFTensors
+        from runtime.backends.native import open_gguf
 
-        GGUFTensors(Path(gguf_path))
+        open_gguf(gguf_path)
     except UnsupportedModel as exc:
         return str(exc)
     return None

@@ -17,6 +17,7 @@ output is the same dot product either way).
 from __future__ import annotations
 
 import copy
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,22 @@ class GGUFTensors:
         if self.types[name] != 0:  # GGML F32
             raise UnsupportedModel(f"{self.path.name}: {name} is not stored as F32; use --backend lean")
         return torch.from_numpy(self.file.array(name).copy().view(np.float32).reshape(-1))
+
+
+@lru_cache(maxsize=4)
+def _open_gguf(path: Path, mtime_ns: int, size: int) -> GGUFTensors:
+    return GGUFTensors(path)
+
+
+def open_gguf(path: str | Path) -> GGUFTensors:
+    """The tensor directory of a GGUF file, parsed once per file version (choosing the backend and
+    building it both read it)."""
+    path = Path(path).resolve()
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise UnsupportedModel(f"{path} cannot be read ({exc.strerror}); check the path, or use --backend lean") from exc
+    return _open_gguf(path, stat.st_mtime_ns, stat.st_size)
 
 
 def _rope_order(rows: int, heads: int) -> torch.Tensor:
@@ -185,7 +202,7 @@ def native_target(gguf_path: str | Path, config, eos_token_ids: set[int] | froze
     tensor type the kernels do not read.
     """
     check_supported(config)
-    tensors = GGUFTensors(Path(gguf_path))
+    tensors = open_gguf(gguf_path)
     torch.set_flush_denormal(True)  # as the lean backend, so both treat subnormal weights alike
     table = tensors.matrix("token_embd.weight")
     head = tensors.matrix("output.weight") if "output.weight" in tensors else table

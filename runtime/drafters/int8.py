@@ -24,8 +24,10 @@ from runtime.numerics import quantize_rows_int8
 class Int8Projection:
     """x W^T + b with W rounded to int8 per row; long prompts use the original projection."""
 
-    def __init__(self, original: Callable) -> None:
-        self.qweight, scales = quantize_rows_int8(original.dense().float())  # [out, in] int8, [out]
+    def __init__(self, original: Callable, weight: torch.Tensor | None = None) -> None:
+        """weight: original.dense() when the caller already has it (a native projection dequantizes to make it)."""
+        weight = original.dense() if weight is None else weight  # [out, in]
+        self.qweight, scales = quantize_rows_int8(weight.float())  # [out, in] int8, [out]
         self.scales = scales[:, None].contiguous()  # [out, 1]
         self.bias = original.bias
         # A prompt's worth of rows is compute-bound in the GEMV kernel; the original weights are faster there.
@@ -44,8 +46,9 @@ class Int8Projection:
 def int8_copy(target: DecoderTarget) -> DecoderTarget:
     """The target over a decoder whose projections are int8 copies (embeddings, norms, rotary shared)."""
     def transform(name: str, index: int, projection: Callable) -> Callable:
-        quantizable = projection.dense().shape[1] % 16 == 0  # the kernel's vector width
-        return Int8Projection(projection) if quantizable else projection
+        weight = projection.dense()  # [out, in]
+        quantizable = weight.shape[1] % 16 == 0  # the kernel's vector width
+        return Int8Projection(projection, weight) if quantizable else projection
 
     return target.with_decoder(target.decoder.map_projections(transform))
 
