@@ -19,30 +19,9 @@ from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_nam
 from runtime.kernels import build
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch
 
-from factories import USER_CACHE
+from factories import USER_CACHE, compiled_module, random_matrix
 
 TYPES = [pytest.param(t, id=t.name) for t in SUPPORTED_GGML_TYPES]
-_HAS_MIN = (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)  # a second fp16 (min / dmin) at byte 2
-
-
-def random_matrix(t: T, rows: int, cols: int, seed: int = 0) -> QuantMatrix:
-    """Random bytes in type t with finite fp16 scales (elementwise types: random finite values)."""
-    rng = np.random.default_rng(seed)
-    if t == T.F32:
-        raw = rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint8)
-    elif t == T.F16:
-        raw = (rng.standard_normal((rows, cols)) * 4).astype(np.float16).view(np.uint8)
-    elif t == T.BF16:
-        raw = (rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    else:
-        block, size = GGML_QUANT_SIZES[t]
-        raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-        for at in [208] if t == T.Q6_K else [0, 2] if t in _HAS_MIN else [0]:
-            scales = rng.uniform(-0.05, 0.05, size=(rows, cols // block)).astype(np.float16)
-            scales[0, 0] = np.float16(6e-8)  # a subnormal fp16 scale
-            raw[..., at : at + 2] = scales.view(np.uint8).reshape(rows, -1, 2)
-        raw = raw.reshape(rows, -1)
-    return QuantMatrix.from_numpy(np.ascontiguousarray(raw), t, rows, cols)
 
 
 def reference(w: QuantMatrix, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,17 +33,6 @@ def reference(w: QuantMatrix, ids: torch.Tensor | None = None) -> torch.Tensor:
 def columns(t: T) -> int:
     """A row length for t: not a multiple of 32 where the type allows it."""
     return {32: 96, 256: 512}.get(GGML_QUANT_SIZES[t][0], 77)
-
-
-def compiled_module(path: str):
-    """The extension of `path`, skipping (with the reason) when this CPU cannot run it."""
-    missing = build.missing_cpu_flags(path)
-    if missing:
-        pytest.skip(f"this CPU cannot run the {path} kernels (lacks {', '.join(missing)})")
-    module = build.module(path)
-    if module is None:
-        pytest.fail(f"the {path} kernels did not build (see the warning)")
-    return module
 
 
 @pytest.mark.parametrize("t", TYPES)

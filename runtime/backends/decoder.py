@@ -1,23 +1,25 @@
 """The decoder ladder shared by the lean and native backends: one forward, two ways to hold weights.
 
-A gemma3 / qwen2 / llama decoder as a ladder of plain tensor ops: fused q/k/v and gate/up
-projections, one preallocated KV buffer per layer (rollback = lowering the length), rotary tables
-computed once by the model's own rotary module, and SDPA with an explicit mask only when one is
-needed. Norms and activations are transformers' own modules. Every projection is a callable
-[T, in] -> [T, out]: `runtime.kernels.linear` over fp32 weights (lean) or over the GGUF's blocks
-(native). Both sum each output in the same order (runtime/kernels), so the two backends give
-bit-identical hidden states, and for T <= 16 each row gets the value a one-token step gives it
-(batch invariance: a verify forward scores every position exactly as plain decoding would).
+A gemma3 / qwen2 / llama decoder as a ladder of a few kernel calls per layer: fused q/k/v and
+gate/up projections, one preallocated KV buffer per layer (rollback = lowering the length), rotary
+tables computed once by the model's own rotary module, and the fixed-order row-wise kernels of
+runtime.kernels for RMSNorm, q/k preparation (head norms, rotary, K/V write) and attention.
+Activations are transformers' own modules. Every projection is a callable [T, in] -> [T, out]:
+`runtime.kernels.linear` over fp32 weights (lean) or over the GGUF's blocks (native). Both sum
+each output in the same order (runtime/kernels), so the two backends give bit-identical hidden
+states, and for T <= 16 each row gets the value a one-token step gives it (batch invariance: a
+verify forward scores every position exactly as plain decoding would), because each query's
+attention is computed alone over exactly the keys a one-token step reads.
 
-Long prompts are fed in chunks of PREFILL_CHUNK tokens, so the attention scores and mask of a
-prefill stay [H, C, K] and [C, K] with C <= PREFILL_CHUNK, whatever the prompt length.
+Long prompts are fed in chunks of PREFILL_CHUNK tokens (attention: torch's SDPA with a causal
+mask), so the attention scores and mask of a prefill stay [H, C, K] and [C, K] with
+C <= PREFILL_CHUNK, whatever the prompt length.
 
 Token trees (SWARM, MJSD): `forward_tree` feeds drafted nodes with parent indices; each node sits
-at the prefix length + its depth - 1 and attends to the prefix, its ancestors and itself. Its
-attention is one SDPA call over keys equal in content and shape to what a one-token step over
-its path would read (scratch copies; SDPA's result depends on those, not on strides), so every
-node's hidden state is torch.equal to a chain forward over its path. `compact` then gathers the
-accepted path's K/V to the front.
+at the prefix length + its depth - 1 and attends to the prefix, its ancestors and itself: the
+attention kernel reads the prefix slots, then its path's slots, which hold the same keys in the
+same order as a one-token step over its path reads, so every node's hidden state is torch.equal
+to a chain forward over its path. `compact` then gathers the accepted path's K/V to the front.
 """
 
 from __future__ import annotations
@@ -32,14 +34,9 @@ import torch.nn.functional as F
 
 from runtime.backends.base import INITIAL_CAPACITY, KVCache, check_truncation
 from runtime.backends.layers import PROJECTIONS, DecoderLayer
-from runtime.kernels import SKINNY_MAX_ROWS
+from runtime.kernels import SKINNY_MAX_ROWS, attend, prepare_qkv
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the [H, C, K] attention scores
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _attention_mask(start: int, queries: int, keys_from: int, keys_to: int, window: int | None) -> torch.Tensor | None:
@@ -108,7 +105,7 @@ class Decoder:
         with torch.inference_mode():
             for kind in {layer.rope for layer in self.layers}:
                 cos, sin = self.rotary(probe, ids, kind) if per_type else self.rotary(probe, ids)
-                self._rotary[kind] = (cos[0], sin[0])
+                self._rotary[kind] = (cos[0].contiguous(), sin[0].contiguous())
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
@@ -204,61 +201,38 @@ class Decoder:
                    tree: _TreeRows | None = None) -> torch.Tensor:
         """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache
         at start.. (tree nodes: at their positions in the tree's part of the cache)."""
-        count, hd, heads, kv = h.shape[0], self.head_dim, self.num_heads, self.kv_heads
-        qkv = layer.qkv(h)  # [T, (H + 2 KV) hd]
-        q, k, v = qkv.view(count, heads + 2 * kv, hd).split((heads, kv, kv), dim=1)  # [T, *, hd]
-        if layer.q_norm is not None:
-            q, k = layer.q_norm(q), layer.k_norm(k)
-        at = slice(start, start + count) if tree is None else tree.positions
-        cos, sin = (table[at].unsqueeze(1) for table in self._rotary[layer.rope])  # [T, 1, hd]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        count, hd, heads = h.shape[0], self.head_dim, self.num_heads
+        qkv = layer.qkv(h).view(count, heads + 2 * self.kv_heads, hd)  # [T, H + 2 KV, hd]
+        positions = torch.arange(start, start + count) if tree is None else tree.positions  # [T]
+        head_norms = (layer.q_norm.factor, layer.k_norm.factor) if layer.q_norm is not None else None
+        eps = layer.q_norm.eps if layer.q_norm is not None else 0.0
+        keys, values = cache.keys[index], cache.values[index]
+        prepare_qkv(qkv, heads, head_norms, eps, self._rotary[layer.rope], positions, keys, values, start)
         end = start + count
-        cache.keys[index][:, start:end] = k.transpose(0, 1)
-        cache.values[index][:, start:end] = v.transpose(0, 1)
         if tree is not None:
-            out = self._attend_tree(layer, q, cache, index, tree)  # [1, H, T, hd]
+            first, last, extra = self._tree_keys(layer, tree)
+            out = attend(qkv, heads, keys, values, first, last, extra, layer.scaling)  # [T, H hd]
         elif count <= SKINNY_MAX_ROWS:
-            # One SDPA call per query over exactly the keys it sees, as a one-token step makes it:
-            # batched calls block their sums by the query count and would break batch invariance.
-            rows = [self._attend(layer, q[i : i + 1], cache, index, start + i) for i in range(count)]
-            out = torch.cat(rows, dim=2) if count > 1 else rows[0]  # [1, H, T, hd]
+            # Each query alone over exactly the keys it sees, as a one-token step reads them.
+            first = [max(0, p + 1 - layer.window) if layer.window else 0 for p in range(start, end)]
+            out = attend(qkv, heads, keys, values, first, list(range(start + 1, end + 1)), None, layer.scaling)
         else:
             first = max(0, start + 1 - layer.window) if layer.window else 0  # older keys are outside every query's window
-            out = self._sdpa(layer, q, cache, index, first, end, _attention_mask(start, count, first, end, layer.window))
-        return layer.o(out[0].transpose(0, 1).reshape(count, heads * hd))
+            mask = _attention_mask(start, count, first, end, layer.window)
+            out = self._sdpa(layer, qkv[:, :heads], cache, index, first, end, mask)[0].transpose(0, 1).reshape(count, heads * hd)
+        return layer.o(out)
 
-    def _attend(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, position: int) -> torch.Tensor:
-        """Attention of one query q [1, H, hd] at `position` over the cached keys it may see: [1, H, 1, hd]."""
-        first = max(0, position + 1 - layer.window) if layer.window else 0
-        return self._sdpa(layer, q, cache, index, first, position + 1, None)
-
-    def _attend_tree(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, tree: _TreeRows) -> torch.Tensor:
-        """Attention of tree nodes q [n, H, hd], one SDPA call each over what a chain step on its path
-        reads: the prefix keys inside its window, then its path's keys in path order. [1, H, n, hd]"""
-        prefix, depth = tree.start, max(len(path) for path in tree.paths)
-        firsts = [max(0, prefix + len(path) - layer.window) if layer.window else 0 for path in tree.paths]
-        low = min(firsts)
-        # Scratch [KV, prefix - low + depth, hd]: the prefix once, then each node's path over the tail.
-        scratch = []
-        for buffer in (cache.keys[index], cache.values[index]):
-            copy = buffer.new_empty(buffer.shape[0], prefix - low + depth, buffer.shape[2])
-            copy[:, : prefix - low] = buffer[:, low:prefix]
-            scratch.append(copy)
-        rows = []
-        for i, (path, first) in enumerate(zip(tree.paths, firsts)):
-            slots = torch.tensor(path) + prefix  # [d] where the path's K/V sit in the cache
-            end = prefix - low + len(path)
-            for copy, buffer in zip(scratch, (cache.keys[index], cache.values[index])):
-                copy[:, prefix - low : end] = buffer.index_select(1, slots)
-            rows.append(F.scaled_dot_product_attention(
-                q[i : i + 1].transpose(0, 1).unsqueeze(0),  # [1, H, 1, hd]
-                scratch[0][:, first - low : end].unsqueeze(0),  # [1, KV, K, hd]
-                scratch[1][:, first - low : end].unsqueeze(0),
-                scale=layer.scaling,
-                enable_gqa=self.num_heads != self.kv_heads,
-            ))
-        return torch.cat(rows, dim=2) if len(rows) > 1 else rows[0]
+    @staticmethod
+    def _tree_keys(layer: DecoderLayer, tree: _TreeRows) -> tuple[list[int], list[int], list[list[int]]]:
+        """Per tree node, the keys a chain step over its path reads: prefix slots first..last - 1
+        (inside its window), then its path's slots in path order."""
+        prefix, first, last, extra = tree.start, [], [], []
+        for path in tree.paths:
+            low = max(0, prefix + len(path) - layer.window) if layer.window else 0
+            first.append(min(low, prefix))
+            last.append(prefix)
+            extra.append([prefix + node for node in path][max(0, low - prefix):])
+        return first, last, extra
 
     def _sdpa(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, first: int, end: int,
               mask: torch.Tensor | None) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from runtime.kernels import linear
+from runtime.kernels import linear, rms_norm
 
 SUPPORTED_TYPES = ("gemma3_text", "qwen2", "llama")
 PROJECTIONS = ("qkv", "o", "gate_up", "down")  # the DecoderLayer fields a drafter may transform
@@ -37,18 +37,41 @@ class Projection:
 
 
 @dataclass
+class RMSNorm:
+    """transformers' RMSNorm, (x * rsqrt(mean(x²) + eps)) * factor, as one fixed-order kernel."""
+
+    factor: torch.Tensor  # [d]: the weight (llama, qwen2) or 1 + weight (gemma3)
+    eps: float
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, eps: float, gemma: bool) -> "RMSNorm":
+        """From a norm's stored weight [d] (gemma3 scales by 1 + weight, as its module computes it)."""
+        weight = weight.detach().float()
+        return cls(1.0 + weight if gemma else weight.clone(), float(eps))
+
+    @classmethod
+    def of_module(cls, module: torch.nn.Module, gemma: bool) -> "RMSNorm":
+        """From a transformers RMSNorm module (Gemma3RMSNorm, LlamaRMSNorm, Qwen2RMSNorm)."""
+        eps = getattr(module, "eps", None)
+        return cls.of(module.weight, module.variance_epsilon if eps is None else eps, gemma)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.factor, self.eps)  # [..., d]
+
+
+@dataclass
 class DecoderLayer:
     """One decoder layer's projections and modules, arranged for the ladder."""
 
-    input_norm: torch.nn.Module
+    input_norm: RMSNorm
     # Projections: callables [T, in] -> [T, out] with `.bias` and `.dense()` (the fp32 weight).
     qkv: Callable  # d -> (H + 2 KV) hd
-    q_norm: torch.nn.Module | None  # per-head RMSNorm (gemma3)
-    k_norm: torch.nn.Module | None
+    q_norm: RMSNorm | None  # per-head RMSNorm over hd (gemma3)
+    k_norm: RMSNorm | None
     o: Callable  # H hd -> d
-    post_attention_norm: torch.nn.Module | None  # gemma3: normalizes the attention output
-    pre_mlp_norm: torch.nn.Module
-    post_mlp_norm: torch.nn.Module | None  # gemma3: normalizes the MLP output
+    post_attention_norm: RMSNorm | None  # gemma3: normalizes the attention output
+    pre_mlp_norm: RMSNorm
+    post_mlp_norm: RMSNorm | None  # gemma3: normalizes the MLP output
     gate_up: Callable  # d -> 2 F
     down: Callable  # F -> d
     activation: torch.nn.Module

@@ -3,8 +3,9 @@
 transformers' forward spends ~15 ms of a gemma3-270m step on mask building, cache bookkeeping
 and dispatch, and a forward over n new tokens grows much faster than its weight traffic. The
 ladder (runtime.backends.decoder) runs the same arithmetic with fused q/k/v and gate/up weights
-and the skinny kernel; norms, activations and rotary tables are the model's own modules, so the
-numerics match transformers up to matmul accumulation order (checked in tests/test_lean.py).
+and the skinny kernel; activations and rotary tables are the model's own modules, norms and
+attention the ladder's fixed-order kernels, so the numerics match transformers up to float32
+accumulation order (checked in tests/test_lean.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from runtime.backends.base import eos_ids
 from runtime.backends.decoder import Decoder
-from runtime.backends.layers import DecoderLayer, Projection, UnsupportedModel, check_supported, layer_type
+from runtime.backends.layers import DecoderLayer, Projection, RMSNorm, UnsupportedModel, check_supported, layer_type
 from runtime.backends.target import DecoderTarget
 
 
@@ -26,15 +27,19 @@ def _decoder_layer(layer: torch.nn.Module, config, index: int, gemma: bool) -> D
         raise UnsupportedModel("q/k/v projections with partial biases are not supported; use --backend transformers")
     kind = layer_type(config, index)
     window = getattr(attn, "sliding_window", None) if kind == "sliding_attention" else None
+
+    def norm(module: torch.nn.Module | None) -> RMSNorm | None:
+        return RMSNorm.of_module(module, gemma) if module is not None else None
+
     return DecoderLayer(
-        input_norm=layer.input_layernorm,
+        input_norm=norm(layer.input_layernorm),
         qkv=Projection(torch.cat([p.weight.detach() for p in projections]).contiguous(), qkv_bias),
-        q_norm=getattr(attn, "q_norm", None),
-        k_norm=getattr(attn, "k_norm", None),
+        q_norm=norm(getattr(attn, "q_norm", None)),
+        k_norm=norm(getattr(attn, "k_norm", None)),
         o=Projection(attn.o_proj.weight.detach(), attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None),
-        post_attention_norm=layer.post_attention_layernorm if gemma else None,
-        pre_mlp_norm=layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
-        post_mlp_norm=layer.post_feedforward_layernorm if gemma else None,
+        post_attention_norm=norm(layer.post_attention_layernorm) if gemma else None,
+        pre_mlp_norm=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
+        post_mlp_norm=norm(layer.post_feedforward_layernorm) if gemma else None,
         gate_up=Projection(torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]).contiguous()),
         down=Projection(mlp.down_proj.weight.detach()),
         activation=mlp.act_fn,
@@ -51,7 +56,8 @@ def lean_decoder(model: torch.nn.Module) -> Decoder:
     body = model.get_decoder()
     gemma = config.model_type.startswith("gemma")
     layers = [_decoder_layer(layer, config, i, gemma) for i, layer in enumerate(body.layers)]
-    return Decoder(config, body.embed_tokens, layers, body.norm, body.rotary_emb, body.layers[0].self_attn.head_dim)
+    final = RMSNorm.of_module(body.norm, gemma)
+    return Decoder(config, body.embed_tokens, layers, final, body.rotary_emb, body.layers[0].self_attn.head_dim)
 
 
 def lean_target(model: torch.nn.Module, eos_token_ids: set[int] | frozenset[int]) -> DecoderTarget:

@@ -8,10 +8,10 @@ a decode step reads the file's ~0.6-1.1 bytes per weight instead of 4. No fp32 c
 weights is held: only norms and biases (F32 tensors, a few KB per layer) are materialized.
 
 What transformers does to GGUF tensors is repeated here: gemma's norm weights are stored as
-w + 1 (subtracted back), llama's q/k rows are stored permuted for llama.cpp's rotary layout (the
-outputs are gathered back into transformers' order: same values, no weight copy), and q/k/v and
-gate/up stay separate matrices whose outputs are concatenated (the lean backend fuses them; each
-output is the same dot product either way).
+w + 1 (subtracted back), llama's q/k rows are stored permuted for llama.cpp's rotary layout (their
+block rows are copied once into transformers' order: the same bytes, ~5 % of a llama file), and
+q/k/v and gate/up stay separate matrices whose outputs one kernel call writes side by side (the
+lean backend fuses them; each output is the same dot product either way).
 """
 
 from __future__ import annotations
@@ -25,36 +25,34 @@ import torch
 import torch.nn.functional as F
 
 from runtime.backends.decoder import Decoder
-from runtime.backends.layers import DecoderLayer, UnsupportedModel, check_supported, layer_type
+from runtime.backends.layers import DecoderLayer, RMSNorm, UnsupportedModel, check_supported, layer_type
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
-from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, linear, take_rows
+from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, quant_linear_parts, take_rows
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, type_name
 
 
 class NativeProjection:
-    """y = x Wᵀ + b over one or more GGUF matrices whose outputs are concatenated (q/k/v, gate/up).
+    """y = x Wᵀ + b over one or more GGUF matrices whose outputs sit side by side (q/k/v, gate/up).
 
-    parts: (matrix [out_i, in], row order or None); a row order gathers the matrix's outputs into
-    transformers' order. For up to SKINNY_MAX_ROWS rows each part goes through the skinny block
-    kernel (bit-identical to the lean kernel on the dequantized rows); longer inputs (prefill
-    chunks) dequantize the parts and take the same torch call as the lean backend does.
+    For up to SKINNY_MAX_ROWS rows one kernel call fills the output from every part's blocks
+    (bit-identical to the lean kernel on the dequantized, concatenated rows); longer inputs
+    (prefill chunks) dequantize the parts and take the same torch call as the lean backend does.
     """
 
-    def __init__(self, parts: list[tuple[QuantMatrix, torch.Tensor | None]], bias: torch.Tensor | None = None) -> None:
+    def __init__(self, parts: list[QuantMatrix], bias: torch.Tensor | None = None) -> None:
         self.parts = parts
         self.bias = bias  # [out]
 
     def dense(self) -> torch.Tensor:
         """The fp32 weight [out, in] the lean backend holds for this projection."""
-        rows = [dequantize(w) if order is None else dequantize(w)[order] for w, order in self.parts]
+        rows = [dequantize(w) for w in self.parts]
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > SKINNY_MAX_ROWS:
             return F.linear(x, self.dense(), self.bias)
-        outs = [linear(x, w) if order is None else linear(x, w)[:, order] for w, order in self.parts]  # [T, out_i]
-        out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+        out = quant_linear_parts(x, self.parts)  # [T, out]
         return out.add_(self.bias) if self.bias is not None else out
 
 
@@ -111,15 +109,6 @@ def _rope_order(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
 
 
-def _module(template: torch.nn.Module, weight: torch.Tensor | None) -> torch.nn.Module:
-    """A CPU copy of a meta-device module (a norm) holding `weight`."""
-    module = copy.deepcopy(template).to_empty(device="cpu")
-    if weight is not None:
-        with torch.no_grad():
-            module.weight.copy_(weight)
-    return module.eval()
-
-
 class _Builder:
     """Builds the ladder of one GGUF file against a meta-device skeleton of the transformers model."""
 
@@ -133,12 +122,14 @@ class _Builder:
             self.skeleton = AutoModelForCausalLM.from_config(config)
         self.body = self.skeleton.get_decoder()
 
-    def norm(self, template: torch.nn.Module, name: str) -> torch.nn.Module:
-        """The norm module `template` with the file's weight `name` (gemma's stored as 1 + w)."""
+    def norm(self, template: torch.nn.Module, name: str) -> RMSNorm:
+        """The norm `template` (a meta-device module: its eps) with the file's weight `name` (gemma's stored as 1 + w)."""
         weight = self.tensors.vector(name)
         if weight is None:
             raise UnsupportedModel(f"{self.tensors.path.name} has no tensor {name}; use --backend lean")
-        return _module(template, weight - 1 if self.gemma else weight)  # transformers' Gemma2TensorProcessor
+        eps = getattr(template, "eps", None)
+        eps = template.variance_epsilon if eps is None else eps
+        return RMSNorm.of(weight - 1 if self.gemma else weight, eps, self.gemma)  # transformers' Gemma2TensorProcessor
 
     def projection(self, names: list[str], heads: list[int | None], bias: bool = False) -> NativeProjection:
         """The projection over tensors `names` (outputs concatenated); heads: the rotary head count of a
@@ -146,8 +137,10 @@ class _Builder:
         parts = []
         for name, count in zip(names, heads):
             matrix = self.tensors.matrix(f"{name}.weight")
-            order = _rope_order(matrix.rows, count) if self.permuted and count else None
-            parts.append((matrix, order))
+            if self.permuted and count:  # a copy of the rows in transformers' order (q and k: small)
+                rows = matrix.data[_rope_order(matrix.rows, count)]
+                matrix = QuantMatrix(rows, matrix.ggml_type, matrix.rows, matrix.cols)
+            parts.append(matrix)
         biases = [self.tensors.vector(f"{name}.bias") for name in names] if bias else []
         if biases and any(b is None for b in biases):
             raise UnsupportedModel("q/k/v projections with partial biases are not supported; use --backend transformers")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from runtime.kernels.build import active
-from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, take_rows
+from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
 
 SKINNY_MAX_ROWS = 16  # beyond this many rows, a packed GEMM (torch's) is faster than streaming
 
@@ -102,10 +103,14 @@ __all__ = [
     "SKINNY_MAX_ROWS",
     "SUPPORTED_GGML_TYPES",
     "QuantMatrix",
+    "attend",
     "dequantize",
     "kernel_name",
     "linear",
+    "prepare_qkv",
     "quant_linear",
+    "quant_linear_parts",
+    "rms_norm",
     "screen_gemv",
     "screen_select",
     "take_rows",

@@ -1,21 +1,24 @@
 // The torch entry points of one path's module: checks, ggml-type dispatch, threads (gemm.h does the math).
 //
-// Include after simd_*.h, blocks.h and gemm.h.
+// Include after simd_*.h, blocks.h and gemm.h (it brings in layer_ops.h).
 #pragma once
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <vector>
+
+#include "layer_ops.h"
 
 namespace {
 namespace gemm {
 
 constexpr int64_t kGrain = 256;  // weight rows per parallel task
 
-// y [n, rows] = x [n, cols] . w^T, w given as rows of rb bytes in format D.
+// y [n, rows] (row stride ys) = x [n, cols] . w^T, w given as rows of rb bytes in format D.
 template <class D>
-void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y) {
+void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
     if (n == 1) {
       float out[kRows];
@@ -24,14 +27,14 @@ void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* 
         rows_dot_one<D>(w + i * rb, rb, x, cols, i + kPrefetchRows + kRows <= end, out);
         for (int r = 0; r < kRows; ++r) y[i + r] = out[r];
       }
-      for (; i < end; ++i) row_dot_many<D, 1>(w + i * rb, x, cols, cols, nullptr, y + i, rows);
+      for (; i < end; ++i) row_dot_many<D, 1>(w + i * rb, x, cols, cols, nullptr, y + i, ys);
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t* pf = i + kPrefetchRows < end ? w + (i + kPrefetchRows) * rb : nullptr;
       for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
         const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
-        row_dot_batch<D, kMaxBatch>(count, w + i * rb, x + b0 * cols, cols, b0 == 0 ? pf : nullptr, y + b0 * rows + i, rows);
+        row_dot_batch<D, kMaxBatch>(count, w + i * rb, x + b0 * cols, cols, b0 == 0 ? pf : nullptr, y + b0 * ys + i, ys);
       }
     }
   });
@@ -61,8 +64,28 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, int64_t type, in
   x = x.contiguous();
   auto y = torch::empty({x.size(0), data.size(0)}, x.options());
   dispatch(data, type, cols, [&](auto d) {
-    run<decltype(d)>(data.data_ptr<uint8_t>(), data.size(0), data.size(1), cols, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+    run<decltype(d)>(data.data_ptr<uint8_t>(), data.size(0), data.size(1), cols, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), y.size(1));
   });
+  return y;
+}
+
+// x [n, cols] float32 against several matrices (data_i [rows_i, row_bytes_i] in ggml types_i) ->
+// y [n, sum rows_i], their outputs side by side (q/k/v, gate/up): one call, no concatenation.
+torch::Tensor quant_linear_parts(torch::Tensor x, std::vector<torch::Tensor> data, std::vector<int64_t> types, int64_t cols) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == cols, "x must be [n, cols] float32");
+  TORCH_CHECK(!data.empty() && data.size() == types.size(), "one ggml type per matrix");
+  x = x.contiguous();
+  int64_t total = 0;
+  for (const auto& part : data) total += part.size(0);
+  auto y = torch::empty({x.size(0), total}, x.options());
+  int64_t offset = 0;
+  for (size_t p = 0; p < data.size(); ++p) {
+    dispatch(data[p], types[p], cols, [&](auto d) {
+      run<decltype(d)>(data[p].data_ptr<uint8_t>(), data[p].size(0), data[p].size(1), cols, x.data_ptr<float>(), x.size(0),
+                       y.data_ptr<float>() + offset, total);
+    });
+    offset += data[p].size(0);
+  }
   return y;
 }
 
@@ -101,4 +124,8 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
   m.attr("path") = simd::kPath;                                                                               \
   m.def("skinny_linear", &gemm::skinny_linear, "fp32 x @ w.T for a few rows of x, weights streamed once");    \
   m.def("quant_linear", &gemm::quant_linear, "x @ dequantize(w).T over ggml blocks, in the skinny order");    \
+  m.def("quant_linear_parts", &gemm::quant_linear_parts, "quant_linear against several matrices, outputs side by side"); \
+  m.def("rms_norm", &ops::rms_norm, "RMSNorm of each row, the mean's sum in the fixed order");               \
+  m.def("prepare_qkv", &ops::prepare_qkv, "q/k norm and rotary in place, k and v written to the cache");   \
+  m.def("attend", &ops::attend, "attention of single queries over the cached keys each sees");                \
   m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix")

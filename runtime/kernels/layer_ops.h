@@ -1,0 +1,186 @@
+// The decoder ladder's row-wise ops in one fixed order: RMSNorm, q/k preparation (norm, rotary, K/V
+// write) and attention of single queries.
+//
+// Included by bindings.h (after one simd_*.h), which registers them. Every output row
+// depends only on its own input row (and, for attention, on the keys it reads, in the order it
+// reads them), so a forward over n tokens gives each token the bits a one-token step gives it,
+// and a token-tree node the bits a chain step over its path gives it. Sums use the skinny
+// kernel's order (two 16-lane accumulators over 32-element steps, masked 16-wide tail steps into
+// the first, GCC's reduce tree), so the three ISA paths agree bit for bit. exp is the C
+// library's (one implementation per machine, whatever the path).
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+namespace ops {
+
+using namespace simd;
+
+// <a, b> over n floats in the skinny kernel's order.
+inline float dot(const float* a, const float* b, int64_t n) {
+  V acc0 = zero(), acc1 = zero();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    acc0 = fma(load(a + j), load(b + j), acc0);
+    acc1 = fma(load(a + j + 16), load(b + j + 16), acc1);
+  }
+  for (; j < n; j += 16) {
+    const int64_t m = std::min<int64_t>(16, n - j);
+    acc0 = fma(load_partial(a + j, m), load_partial(b + j, m), acc0);
+  }
+  return reduce(add(acc0, acc1));
+}
+
+void check_float(const torch::Tensor& t, int64_t dim, const char* what) {
+  TORCH_CHECK(t.dtype() == torch::kFloat32 && t.dim() == dim && t.is_contiguous(), what, " must be a contiguous ", dim, "-d float32 tensor");
+}
+
+// rms_norm of one row of d floats (x and y may be the same row).
+inline void norm_row(const float* x, const float* factor, int64_t d, float eps, float* y) {
+  const float scale = 1.0f / std::sqrt(dot(x, x, d) / static_cast<float>(d) + eps);
+  for (int64_t j = 0; j < d; ++j) y[j] = (x[j] * scale) * factor[j];
+}
+
+// Readies a fused projection's output qkv [T, H + 2 KV, hd] for attention, in place: the
+// per-head RMSNorm of q and k (gemma3; skipped when q_factor is empty), the rotary embedding of
+// q and k at `positions` [T] (rotate-half layout: x * cos + rotate_half(x) * sin, tables cos,
+// sin [P, hd]), then k and v written to the cache buffers keys, values [KV, capacity, hd] at
+// slots start .. start + T - 1.
+void prepare_qkv(torch::Tensor qkv, int64_t heads, torch::Tensor q_factor, torch::Tensor k_factor, double eps, torch::Tensor cos,
+                 torch::Tensor sin, torch::Tensor positions, torch::Tensor keys, torch::Tensor values, int64_t start) {
+  for (auto* t : {&qkv, &keys, &values}) check_float(*t, 3, "qkv and the cache buffers");
+  check_float(cos, 2, "cos");
+  check_float(sin, 2, "sin");
+  TORCH_CHECK(positions.dtype() == torch::kLong && positions.dim() == 1 && positions.is_contiguous(), "positions must be [T] int64");
+  const int64_t count = qkv.size(0), hd = qkv.size(2), kv = keys.size(0), capacity = keys.size(1);
+  TORCH_CHECK(hd % 2 == 0 && qkv.size(1) == heads + 2 * kv && positions.size(0) == count, "qkv must be [T, H + 2 KV, hd] with positions [T]");
+  TORCH_CHECK(keys.sizes() == values.sizes() && keys.size(2) == hd && start >= 0 && start + count <= capacity,
+              "the cache buffers [KV, capacity, hd] cannot take ", count, " tokens at ", start);
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == hd, "cos and sin must be [P, hd]");
+  const bool normed = q_factor.numel() > 0;
+  if (normed) {
+    check_float(q_factor, 1, "q_factor");
+    check_float(k_factor, 1, "k_factor");
+    TORCH_CHECK(q_factor.size(0) == hd && k_factor.size(0) == hd, "q/k norm factors must be [hd]");
+  }
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < count; ++t) TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "position ", pos[t], " is outside the rotary tables");
+  const int64_t half = hd / 2, width = heads + 2 * kv;
+  const float epsf = static_cast<float>(eps);
+  std::vector<float> row(hd);
+  float* base = qkv.data_ptr<float>();
+  for (int64_t t = 0; t < count; ++t) {
+    const float* c = cos.data_ptr<float>() + pos[t] * hd;
+    const float* s = sin.data_ptr<float>() + pos[t] * hd;
+    for (int64_t h = 0; h < heads + kv; ++h) {
+      float* x = base + (t * width + h) * hd;
+      if (normed) norm_row(x, (h < heads ? q_factor : k_factor).data_ptr<float>(), hd, epsf, x);
+      std::copy(x, x + hd, row.begin());
+      for (int64_t i = 0; i < half; ++i) x[i] = row[i] * c[i] + (-row[i + half]) * s[i];
+      for (int64_t i = half; i < hd; ++i) x[i] = row[i] * c[i] + row[i - half] * s[i];
+    }
+    for (int64_t g = 0; g < kv; ++g) {
+      const float* k = base + (t * width + heads + g) * hd;
+      std::copy(k, k + hd, keys.data_ptr<float>() + (g * capacity + start + t) * hd);
+      std::copy(k + kv * hd, k + (kv + 1) * hd, values.data_ptr<float>() + (g * capacity + start + t) * hd);
+    }
+  }
+}
+
+// y[r] = (x[r] * rsqrt(mean(x[r]^2) + eps)) * factor for x [rows, d]: transformers' RMSNorm with
+// factor = weight (llama, qwen2) or 1 + weight (gemma3); the mean's sum in the fixed order.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor factor, double eps) {
+  check_float(x, 2, "x");
+  check_float(factor, 1, "factor");
+  const int64_t rows = x.size(0), d = x.size(1);
+  TORCH_CHECK(factor.size(0) == d, "factor has ", factor.size(0), " entries for rows of ", d);
+  auto y = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* fp = factor.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float epsf = static_cast<float>(eps);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      norm_row(xp + r * d, fp, d, epsf, yp + r * d);
+    }
+  });
+  return y;
+}
+
+// Attention of each query q[t] [H, hd] (the first H heads of qkv [T, H + 2 KV, hd]) over the cached keys it sees: slots first[t] .. end[t] - 1,
+// then extra[t][0..] up to the first -1 (a tree node's path), in that order. keys, values
+// [KV, capacity, hd]; head h reads kv head h / (H / KV). Per (t, h): scores <q, k_j> * scale,
+// p_j = exp(score_j - max), out = (sum_j p_j v_j, in key order) / (sum_j p_j). -> [T, H * hd]
+torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch::Tensor values, torch::Tensor first, torch::Tensor end,
+                     torch::Tensor extra, double scale) {
+  check_float(qkv, 3, "qkv");
+  check_float(keys, 3, "keys");
+  check_float(values, 3, "values");
+  for (auto* t : {&first, &end, &extra}) TORCH_CHECK(t->dtype() == torch::kLong && t->is_contiguous(), "first, end and extra must be int64");
+  const int64_t count = qkv.size(0), hd = qkv.size(2), kv = keys.size(0), capacity = keys.size(1), width = qkv.size(1);
+  TORCH_CHECK(hd % 16 == 0 && keys.size(2) == hd && values.sizes() == keys.sizes() && heads % kv == 0 && width == heads + 2 * kv,
+              "qkv [T, H + 2 KV, hd] and keys [KV, capacity, hd] disagree");
+  TORCH_CHECK(first.dim() == 1 && end.dim() == 1 && first.size(0) == count && end.size(0) == count && extra.dim() == 2 && extra.size(0) == count,
+              "first, end [T] and extra [T, E] must match qkv's T");
+  const int64_t* fp = first.data_ptr<int64_t>();
+  const int64_t* ep = end.data_ptr<int64_t>();
+  const int64_t* xp = extra.data_ptr<int64_t>();
+  const int64_t path_width = extra.size(1);
+  std::vector<std::vector<int64_t>> slots(count);
+  int64_t most = 1;
+  for (int64_t t = 0; t < count; ++t) {
+    TORCH_CHECK(0 <= fp[t] && fp[t] <= ep[t] && ep[t] <= capacity, "key range ", fp[t], "..", ep[t], " is outside the cache");
+    for (int64_t j = fp[t]; j < ep[t]; ++j) slots[t].push_back(j);
+    for (int64_t e = 0; e < path_width && xp[t * path_width + e] >= 0; ++e) {
+      TORCH_CHECK(xp[t * path_width + e] < capacity, "key slot ", xp[t * path_width + e], " is outside the cache");
+      slots[t].push_back(xp[t * path_width + e]);
+    }
+    TORCH_CHECK(!slots[t].empty(), "query ", t, " sees no keys");
+    most = std::max<int64_t>(most, static_cast<int64_t>(slots[t].size()));
+  }
+  auto out = torch::empty({count, heads * hd}, qkv.options());
+  const float* qp = qkv.data_ptr<float>();
+  const float* kp = keys.data_ptr<float>();
+  const float* vp = values.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float scalef = static_cast<float>(scale);
+  const int64_t group = heads / kv;
+  at::parallel_for(0, count * heads, std::max<int64_t>(1, 32768 / (most * hd)), [&](int64_t begin, int64_t stop) {
+    std::vector<float> p(most);
+    for (int64_t item = begin; item < stop; ++item) {
+      const int64_t t = item / heads, h = item % heads;
+      const float* qr = qp + (t * width + h) * hd;
+      const float* kh = kp + (h / group) * capacity * hd;
+      const float* vh = vp + (h / group) * capacity * hd;
+      const auto& seen = slots[t];
+      const int64_t n = static_cast<int64_t>(seen.size());
+      float top = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = dot(qr, kh + seen[j] * hd, hd) * scalef;
+        top = std::max(top, p[j]);
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = std::exp(p[j] - top);
+        total += p[j];
+      }
+      float* o = op + item * hd;
+      for (int64_t i = 0; i < hd; i += 16) {
+        V acc = zero();
+        for (int64_t j = 0; j < n; ++j) acc = fma(set1(p[j]), load(vh + seen[j] * hd + i), acc);
+        store(o + i, acc);
+      }
+      for (int64_t i = 0; i < hd; ++i) o[i] /= total;
+    }
+  });
+  return out;
+}
+
+}  // namespace ops
+}  // namespace
