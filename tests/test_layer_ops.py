@@ -74,22 +74,22 @@ def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads() -> None:
     count, heads, kv, hd, scale = 4, 6, 2, 64, 0.125
     qkv = torch.randn(count, heads + 2 * kv, hd, generator=g)
     keys, values = _cache(kv, 32, hd, g)
-    first, end = [0, 3, 0, 10], [9, 10, 11, 12]
-    out = attend(qkv, heads, keys, values, first, end, None, scale)  # [T, H hd]
+    first, end, no_path = torch.tensor([0, 3, 0, 10]), torch.tensor([9, 10, 11, 12]), torch.empty(count, 0, dtype=torch.long)
+    out = attend(qkv, heads, keys, values, first, end, no_path, scale)  # [T, H hd]
     for t in range(count):
         ref = F.scaled_dot_product_attention(
             qkv[t : t + 1, :heads].transpose(0, 1).unsqueeze(0),
-            keys[:, first[t] : end[t]].unsqueeze(0), values[:, first[t] : end[t]].unsqueeze(0),
+            keys[:, int(first[t]) : int(end[t])].unsqueeze(0), values[:, int(first[t]) : int(end[t])].unsqueeze(0),
             scale=scale, enable_gqa=True,
         )[0, :, 0].reshape(-1)
         torch.testing.assert_close(out[t], ref, rtol=1e-5, atol=1e-6)
-        alone = attend(qkv[t : t + 1], heads, keys, values, first[t : t + 1], end[t : t + 1], None, scale)
+        alone = attend(qkv[t : t + 1], heads, keys, values, first[t : t + 1], end[t : t + 1], no_path[t : t + 1], scale)
         assert torch.equal(alone[0], out[t])  # a query's bits do not depend on the others
     # The same keys elsewhere in the cache, read through a path of slots, give the same bits.
     moved_k, moved_v = keys.clone(), values.clone()
     moved_k[:, 20:23], moved_v[:, 20:23] = keys[:, 9:12].flip(1), values[:, 9:12].flip(1)
-    via_path = attend(qkv[3:4], heads, moved_k, moved_v, [0], [9], [[22, 21, 20]], scale)
-    assert torch.equal(via_path, attend(qkv[3:4], heads, keys, values, [0], [12], None, scale))
+    via_path = attend(qkv[3:4], heads, moved_k, moved_v, torch.tensor([0]), torch.tensor([9]), torch.tensor([[22, 21, 20, -1]]), scale)
+    assert torch.equal(via_path, attend(qkv[3:4], heads, keys, values, torch.tensor([0]), torch.tensor([12]), no_path[:1], scale))
 
 
 @needs_compiled

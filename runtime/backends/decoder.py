@@ -53,14 +53,45 @@ def _attention_mask(start: int, queries: int, keys_from: int, keys_to: int, wind
     return None if bool(allowed.all()) else allowed
 
 
-@dataclass
-class _TreeRows:
-    """The nodes one tree forward feeds: their paths and positions, and where the tree starts."""
+class _Rows:
+    """The tokens one forward feeds: where their K/V go, their positions, and the keys each reads.
 
-    start: int  # the prefix length: node j's K/V sit at start + j
-    first: int  # the first node this forward feeds (earlier ones are cached)
-    paths: list[list[int]]  # per fed node, its node indices from the prefix's child down to itself
-    positions: torch.Tensor  # [n] sequence positions: start + depth - 1
+    A chain feeds tokens at start, start + 1, ..; a tree feeds nodes whose paths hang under the
+    prefix (the cache's first `prefix` tokens). The key lists are built once per forward and
+    window length, not once per layer.
+    """
+
+    def __init__(self, start: int, count: int, prefix: int | None = None, paths: list[list[int]] | None = None) -> None:
+        self.start = start  # the fed rows' K/V go to start .. start + count - 1
+        self.count = count
+        self.prefix, self.paths = prefix, paths  # trees only: node j's K/V sit at prefix + j
+        if paths is None:
+            self.positions = torch.arange(start, start + count)  # [T]
+        else:
+            self.positions = torch.tensor([prefix + len(path) - 1 for path in paths])  # [n]: prefix + depth - 1
+        self._keys: dict[int | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def keys(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(first [T], end [T], extra [T, E]): row t reads cache slots first..end - 1, then extra[t]
+        up to the first -1, exactly the keys a one-token step (over a node's path) reads."""
+        if window not in self._keys:
+            if self.paths is None:
+                ends = self.positions + 1
+                firsts = (ends - window).clamp(min=0) if window else torch.zeros_like(ends)
+                self._keys[window] = (firsts, ends, torch.empty(self.count, 0, dtype=torch.long))
+            else:
+                self._keys[window] = self._tree_keys(window)
+        return self._keys[window]
+
+    def _tree_keys(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        prefix, firsts = self.prefix, []
+        extra = torch.full((self.count, max(len(path) for path in self.paths)), -1, dtype=torch.long)
+        for row, path in enumerate(self.paths):
+            low = max(0, prefix + len(path) - window) if window else 0  # the window may start inside the path
+            firsts.append(min(low, prefix))
+            slots = [prefix + node for node in path][max(0, low - prefix) :]
+            extra[row, : len(slots)] = torch.tensor(slots)
+        return torch.tensor(firsts), torch.full((self.count,), prefix, dtype=torch.long), extra
 
 
 def tree_paths(parents: list[int]) -> list[list[int]]:
@@ -143,9 +174,10 @@ class Decoder:
         cache.reserve(start + count)
         if start + count > self._rotary[self.layers[0].rope][0].shape[0]:
             self._extend_rotary(cache.capacity)
+        rows = _Rows(start, count)
         x = self.embed(tokens)  # [T, d]
         for index, layer in enumerate(self.layers):
-            x = self._layer(layer, x, cache, index, start)
+            x = self._layer(layer, x, cache, index, rows)
         cache.length = start + count
         return self.norm(x)
 
@@ -171,23 +203,19 @@ class Decoder:
                 self.forward_tree(chunk, torch.tensor(parents[: first + offset + chunk.numel()]), cache, start)
                 for offset, chunk in zip(range(0, count, SKINNY_MAX_ROWS), tokens.split(SKINNY_MAX_ROWS))
             ])
-        paths = tree_paths(parents)[total - count :]
-        positions = torch.tensor([start + len(path) - 1 for path in paths])  # [n]
+        rows = _Rows(start + total - count, count, start, tree_paths(parents)[total - count :])
         cache.reserve(start + total)
-        if int(positions.max()) >= self._rotary[self.layers[0].rope][0].shape[0]:
+        if int(rows.positions.max()) >= self._rotary[self.layers[0].rope][0].shape[0]:
             self._extend_rotary(cache.capacity)
-        tree = _TreeRows(start, total - count, paths, positions)
         x = self.embed(tokens)  # [n, d]
         for index, layer in enumerate(self.layers):
-            x = self._layer(layer, x, cache, index, start + tree.first, tree)
+            x = self._layer(layer, x, cache, index, rows)
         cache.length = start + total
         return self.norm(x)
 
-    def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, start: int,
-               tree: _TreeRows | None = None) -> torch.Tensor:
-        """One decoder layer over x [T, d] at positions start.. (or a tree's nodes written from
-        `start`); returns the new residual [T, d]."""
-        attended = self._attention(layer, layer.input_norm(x), cache, index, start, tree)  # [T, d]
+    def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, rows: _Rows) -> torch.Tensor:
+        """One decoder layer over x [T, d] (the tokens or tree nodes `rows`); returns the new residual [T, d]."""
+        attended = self._attention(layer, layer.input_norm(x), cache, index, rows)  # [T, d]
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)
         x = x + attended
@@ -197,42 +225,24 @@ class Decoder:
             mlp = layer.post_mlp_norm(mlp)
         return x + mlp
 
-    def _attention(self, layer: DecoderLayer, h: torch.Tensor, cache: KVCache, index: int, start: int,
-                   tree: _TreeRows | None = None) -> torch.Tensor:
+    def _attention(self, layer: DecoderLayer, h: torch.Tensor, cache: KVCache, index: int, rows: _Rows) -> torch.Tensor:
         """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache
-        at start.. (tree nodes: at their positions in the tree's part of the cache)."""
+        at rows.start.. (a chain's positions, or a tree's slots after the prefix)."""
         count, hd, heads = h.shape[0], self.head_dim, self.num_heads
         qkv = layer.qkv(h).view(count, heads + 2 * self.kv_heads, hd)  # [T, H + 2 KV, hd]
-        positions = torch.arange(start, start + count) if tree is None else tree.positions  # [T]
         head_norms = (layer.q_norm.factor, layer.k_norm.factor) if layer.q_norm is not None else None
         eps = layer.q_norm.eps if layer.q_norm is not None else 0.0
         keys, values = cache.keys[index], cache.values[index]
-        prepare_qkv(qkv, heads, head_norms, eps, self._rotary[layer.rope], positions, keys, values, start)
-        end = start + count
-        if tree is not None:
-            first, last, extra = self._tree_keys(layer, tree)
-            out = attend(qkv, heads, keys, values, first, last, extra, layer.scaling)  # [T, H hd]
-        elif count <= SKINNY_MAX_ROWS:
-            # Each query alone over exactly the keys it sees, as a one-token step reads them.
-            first = [max(0, p + 1 - layer.window) if layer.window else 0 for p in range(start, end)]
-            out = attend(qkv, heads, keys, values, first, list(range(start + 1, end + 1)), None, layer.scaling)
+        prepare_qkv(qkv, heads, head_norms, eps, self._rotary[layer.rope], rows.positions, keys, values, rows.start)
+        if rows.paths is not None or count <= SKINNY_MAX_ROWS:
+            # Each query alone over exactly the keys a one-token step (over a node's path) reads.
+            out = attend(qkv, heads, keys, values, *rows.keys(layer.window), layer.scaling)  # [T, H hd]
         else:
+            start, end = rows.start, rows.start + count
             first = max(0, start + 1 - layer.window) if layer.window else 0  # older keys are outside every query's window
             mask = _attention_mask(start, count, first, end, layer.window)
             out = self._sdpa(layer, qkv[:, :heads], cache, index, first, end, mask)[0].transpose(0, 1).reshape(count, heads * hd)
         return layer.o(out)
-
-    @staticmethod
-    def _tree_keys(layer: DecoderLayer, tree: _TreeRows) -> tuple[list[int], list[int], list[list[int]]]:
-        """Per tree node, the keys a chain step over its path reads: prefix slots first..last - 1
-        (inside its window), then its path's slots in path order."""
-        prefix, first, last, extra = tree.start, [], [], []
-        for path in tree.paths:
-            low = max(0, prefix + len(path) - layer.window) if layer.window else 0
-            first.append(min(low, prefix))
-            last.append(prefix)
-            extra.append([prefix + node for node in path][max(0, low - prefix):])
-        return first, last, extra
 
     def _sdpa(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, first: int, end: int,
               mask: torch.Tensor | None) -> torch.Tensor:

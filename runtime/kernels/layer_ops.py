@@ -70,28 +70,24 @@ def attend(
     heads: int,
     keys: torch.Tensor,
     values: torch.Tensor,
-    first: list[int],
-    end: list[int],
-    extra: list[list[int]] | None,
+    first: torch.Tensor,
+    end: torch.Tensor,
+    extra: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Attention of each query (the first H heads of qkv [T, H + 2 KV, hd]) over the keys it sees: [T, H hd].
 
-    Query t reads cache slots first[t] .. end[t] - 1, then extra[t] (a tree node's path), in that
-    order, from keys, values [KV, capacity, hd]. Each query is computed alone, so its output
-    depends only on the contents and order of the keys it reads.
+    Query t reads cache slots first[t] .. end[t] - 1, then extra[t] [T, E] up to its first -1 (a
+    tree node's path), in that order, from keys, values [KV, capacity, hd]. Each query is
+    computed alone, so its output depends only on the contents and order of the keys it reads.
     """
-    count, _, hd = qkv.shape
     _, ext = active()
     if ext is not None:
-        width = max((len(e) for e in extra), default=0) if extra else 0
-        padded = torch.full((count, width), -1, dtype=torch.long)
-        for t, slots in enumerate(extra or []):
-            padded[t, : len(slots)] = torch.tensor(slots, dtype=torch.long)
-        return ext.attend(qkv, heads, keys, values, torch.tensor(first), torch.tensor(end), padded, scale)
+        return ext.attend(qkv, heads, keys, values, first, end, extra, scale)
+    count, _, hd = qkv.shape
     rows = []
     for t in range(count):
-        slots = torch.cat([torch.arange(first[t], end[t]), torch.tensor(extra[t] if extra else [], dtype=torch.long)])
+        slots = torch.cat([torch.arange(int(first[t]), int(end[t])), extra[t][extra[t] >= 0]])
         rows.append(F.scaled_dot_product_attention(
             qkv[t : t + 1, :heads].transpose(0, 1).unsqueeze(0),  # [1, H, 1, hd]
             keys.index_select(1, slots).unsqueeze(0),  # [1, KV, K, hd]
