@@ -5,7 +5,8 @@
 //   kQK       elements per block (32 for the elementwise types: a "block" is then 32 elements);
 //   kBytes    bytes per block;
 //   kElementwise  whether a row may end inside a block (F32/F16/BF16: tail of 16-wide steps);
-//   State, prepare(b)  what a block's chunks share (its scales), read once per block;
+//   State, prepare(b)  what a block's chunks share (its scales; for the 4- and 5-bit formats its
+//                 values as simd::Affine, a table on AVX-512), made once per block;
 //   chunk(s, b, c, w0, w1)  for c in [0, kQK / 32): the block's elements [32c, 32c + 16) and
 //                 [32c + 16, 32c + 32) as float32;
 //   partial(row, j, n)  (elementwise types) elements [j, j + n) of a row, n <= 16, +0 beyond.
@@ -66,33 +67,33 @@ struct Half16 {  // F16 and BF16: 2 bytes per element
 using F16 = Half16<1, load_f16>;
 using BF16 = Half16<30, load_bf16>;
 
-struct Scale { float d; };
-struct ScaleMin { float d, m; };
+// Q8_0's scale, broadcast once per block: prepare's broadcast reads memory (kHalf), which costs
+// no vector-port work.
+struct Scale { V d; };
 
 struct Q8_0 {  // d (f16), 32 x int8: w = q * d
   static constexpr int kType = 8;
   static constexpr int64_t kQK = 32, kBytes = 34;
   static constexpr bool kElementwise = false;
   using State = Scale;
-  static inline State prepare(const uint8_t* b) { return {f16(b)}; }
+  static inline State prepare(const uint8_t* b) { return {set1(f16(b))}; }
   static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
-    const V d = set1(s.d);
-    w0 = mul(to_float(load_i8(b + 2)), d);
-    w1 = mul(to_float(load_i8(b + 18)), d);
+    w0 = mul(to_float(load_i8(b + 2)), s.d);
+    w1 = mul(to_float(load_i8(b + 18)), s.d);
   }
 };
 
+// The 4- and 5-bit formats: a block's values as simd::Affine (a table on AVX-512), built in prepare.
 struct Q4_0 {  // d, 16 bytes of nibbles (low: elements 0..15, high: 16..31): w = d * (q - 8)
   static constexpr int kType = 2;
   static constexpr int64_t kQK = 32, kBytes = 18;
   static constexpr bool kElementwise = false;
-  using State = Scale;
-  static inline State prepare(const uint8_t* b) { return {f16(b)}; }
-  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
-    const V d = set1(s.d);
+  using State = Affine<4, 8, 0>;
+  static inline State prepare(const uint8_t* b) { return affine<4, 8, 0>(set1(f16(b))); }
+  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
     const I q = load_u8(b + 2);
-    w0 = mul(d, nibble_float<8>(q));
-    w1 = mul(d, nibble_float<8>(srl(q, 4)));
+    w0 = lookup(s, q);
+    w1 = lookup(s, srl(q, 4));
   }
 };
 
@@ -100,28 +101,25 @@ struct Q4_1 {  // d, m, nibbles: w = d * q + m (two roundings)
   static constexpr int kType = 3;
   static constexpr int64_t kQK = 32, kBytes = 20;
   static constexpr bool kElementwise = false;
-  using State = ScaleMin;
-  static inline State prepare(const uint8_t* b) { return {f16(b), f16(b + 2)}; }
-  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
-    const V d = set1(s.d), m = set1(s.m);
+  using State = Affine<4, 0, 1>;
+  static inline State prepare(const uint8_t* b) { return affine<4, 0, 1>(set1(f16(b)), set1(f16(b + 2))); }
+  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
     const I q = load_u8(b + 4);
-    w0 = add(mul(d, nibble_float<0>(q)), m);
-    w1 = add(mul(d, nibble_float<0>(srl(q, 4))), m);
+    w0 = lookup(s, q);
+    w1 = lookup(s, srl(q, 4));
   }
 };
 
-struct Q5_0 {  // d, qh, nibbles: w = d * (q - 16)
+struct Q5_0 {  // d, qh, nibbles: w = d * (q - 16); bit i of the 32 bits qh is bit 4 of element i
   static constexpr int kType = 6;
   static constexpr int64_t kQK = 32, kBytes = 22;
   static constexpr bool kElementwise = false;
-  using State = Scale;
-  static inline State prepare(const uint8_t* b) { return {f16(b)}; }
-  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
-    const V d = set1(s.d);
-    const uint32_t h = u32(b + 2);  // bit i: bit 4 of element i
+  using State = Affine<5, 16, 0>;
+  static inline State prepare(const uint8_t* b) { return affine<5, 16, 0>(set1(f16(b))); }
+  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
     const I q = load_u8(b + 6);
-    w0 = mul(d, five_bit_float<16>(q, h & 0xFFFFu));
-    w1 = mul(d, five_bit_float<16>(srl(q, 4), h >> 16));
+    w0 = lookup(s, q, b + 2);
+    w1 = lookup(s, srl(q, 4), b + 4);
   }
 };
 
@@ -129,32 +127,37 @@ struct Q5_1 {  // d, m, qh, nibbles: w = d * q + m
   static constexpr int kType = 7;
   static constexpr int64_t kQK = 32, kBytes = 24;
   static constexpr bool kElementwise = false;
-  using State = ScaleMin;
-  static inline State prepare(const uint8_t* b) { return {f16(b), f16(b + 2)}; }
-  static inline void chunk(State s, const uint8_t* b, int, V& w0, V& w1) {
-    const V d = set1(s.d), m = set1(s.m);
-    const uint32_t h = u32(b + 4);
+  using State = Affine<5, 0, 1>;
+  static inline State prepare(const uint8_t* b) { return affine<5, 0, 1>(set1(f16(b)), set1(f16(b + 2))); }
+  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
     const I q = load_u8(b + 8);
-    w0 = add(mul(d, five_bit_float<0>(q, h & 0xFFFFu)), m);
-    w1 = add(mul(d, five_bit_float<0>(srl(q, 4), h >> 16)), m);
+    w0 = lookup(s, q, b + 4);
+    w1 = lookup(s, srl(q, 4), b + 6);
   }
 };
 
-// A Q4_K / Q5_K super-block's 8 sub-block scales fl(d * sc) and mins fl(dmin * m), from the
-// 12 packed bytes of 6-bit values (gguf-py's Q4_K.get_scale_min).
+// a shifted so that its bit `from` lands at bit `to` (the other bits move with it).
+inline I move_bit(I a, int from, int to) { return from > to ? srl(a, from - to) : from < to ? shl(a, to - from) : a; }
+
+// A Q4_K / Q5_K super-block's 8 sub-block scales fl(d * sc) and mins fl(dmin * m) (gguf-py's
+// Q4_K.get_scale_min): the 12 packed bytes of 6-bit values unpacked four at a time in general
+// registers to the bytes sc0..3, m0..3, sc4..7, m4..7, then converted and scaled 16 lanes at once.
+// scale[] holds the scales at lanes 0..3 and 8..11, min[] the mins at lanes 4..7 and 12..15 (the
+// other lanes are unused); chunks read them back with a broadcast from memory.
 struct ScalesK4 {
-  float scale[8], min[8];
+  float scale[16], min[16];
+  V sc(int c) const { return bcast(scale + (c < 4 ? c : c + 4)); }
+  V mn(int c) const { return bcast(min + (c < 4 ? c + 4 : c + 8)); }
 };
 inline ScalesK4 scales_k4(const uint8_t* b) {
-  const float d = f16(b), dmin = f16(b + 2);
-  const uint8_t* s = b + 4;
+  const uint32_t s = u32(b + 4), m = u32(b + 8), h = u32(b + 12);
+  uint32_t packed[4] = {s & 0x3F3F3F3Fu, m & 0x3F3F3F3Fu, (h & 0x0F0F0F0Fu) | ((s >> 2) & 0x30303030u),
+                        ((h >> 4) & 0x0F0F0F0Fu) | ((m >> 2) & 0x30303030u)};
+  asm("" : "+m"(packed));  // keep the bytes in memory: GCC would gather them into a vector with port-5 inserts
+  const V q = to_float(load_u8(reinterpret_cast<const uint8_t*>(packed)));
   ScalesK4 r;
-  for (int i = 0; i < 4; ++i) {
-    r.scale[i] = d * static_cast<float>(s[i] & 63);
-    r.min[i] = dmin * static_cast<float>(s[4 + i] & 63);
-    r.scale[4 + i] = d * static_cast<float>((s[8 + i] & 15) | ((s[i] >> 2) & 0x30));
-    r.min[4 + i] = dmin * static_cast<float>((s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30));
-  }
+  store(r.scale, mul(set1(f16(b)), q));
+  store(r.min, mul(set1(f16(b + 2)), q));
   return r;
 }
 
@@ -173,11 +176,11 @@ struct Q4_K {  // d, dmin, 12 bytes of scales, 128 bytes of nibbles; 8 sub-block
   using State = ScalesK4;
   static inline State prepare(const uint8_t* b) { return scales_k4(b); }
   static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
-    const V ds = set1(s.scale[c]), dm = set1(s.min[c]);
+    const auto t = affine<4, 0, -1>(s.sc(c), s.mn(c));
     I a, q;
     nibbles_k(b + 16, c, a, q);
-    w0 = sub(mul(ds, nibble_float<0>(a)), dm);
-    w1 = sub(mul(ds, nibble_float<0>(q)), dm);
+    w0 = lookup(t, a);
+    w1 = lookup(t, q);
   }
 };
 
@@ -188,16 +191,17 @@ struct Q5_K {  // Q4_K plus 32 bytes qh at byte 16: bit c of qh[j] is bit 4 of e
   using State = ScalesK4;
   static inline State prepare(const uint8_t* b) { return scales_k4(b); }
   static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
-    const V ds = set1(s.scale[c]), dm = set1(s.min[c]);
+    const auto t = affine<5, 0, -1>(s.sc(c), s.mn(c));
     I a, q;
     nibbles_k(b + 48, c, a, q);
-    a = or_(and_(a, 15), shl(and_(srl(load_u8(b + 16), c), 1), 4));
-    q = or_(and_(q, 15), shl(and_(srl(load_u8(b + 32), c), 1), 4));
-    w0 = sub(mul(ds, to_float(a)), dm);
-    w1 = sub(mul(ds, to_float(q)), dm);
+    w0 = lookup(t, a, move_bit(load_u8(b + 16), c, 4));
+    w1 = lookup(t, q, move_bit(load_u8(b + 32), c, 4));
   }
 };
 
+// Q6_K's 16 group scales fl(d * sc) times 2^-26 (exact: a power of two, and fl(d * sc) is 0 or
+// at least 2^-24 in magnitude): chunks multiply them by (q - 32) * 2^26, the quant in the top 6
+// bits of an int32, which converts exactly and gives the same real product, so the same float.
 struct ScalesK6 {
   float scale[16];
 };
@@ -208,23 +212,22 @@ struct Q6_K {  // 128 bytes ql, 64 bytes qh, 16 int8 scales, d; 16 groups of 16:
   static constexpr bool kElementwise = false;
   using State = ScalesK6;
   static inline State prepare(const uint8_t* b) {
-    const float d = f16(b + 208);
     State s;
-    for (int i = 0; i < 16; ++i) s.scale[i] = d * static_cast<float>(static_cast<int8_t>(b[192 + i]));
+    store(s.scale, mul(mul(set1(f16(b + 208)), to_float(load_i8(b + 192))), set1(0x1p-26f)));
     return s;
   }
   // Chunk c = 4h + k of half h (128 elements): low 4 bits from ql[64h + 32 (k & 1) + j], nibble
-  // k >> 1; high 2 bits from qh[32h + j] >> 2k (gguf-py's Q6_K reshapes).
+  // k >> 1; high 2 bits from qh[32h + j] >> 2k (gguf-py's Q6_K reshapes). The quant q sits in
+  // bits 0..5 with bit 5 flipped (qh ^ 0xAA): shifted to bits 26..31, that int32 is (q - 32) * 2^26.
   static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
     const int h = c >> 2, k = c & 3;
     const uint8_t* ql = b + 64 * h + 32 * (k & 1);
     const uint8_t* qh = b + 128 + 32 * h;
     const I la = load_u8(ql), lb = load_u8(ql + 16);
-    const I a = k >> 1 ? srl(la, 4) : and_(la, 15), q = k >> 1 ? srl(lb, 4) : and_(lb, 15);
-    const I qa = sub_(or_(a, shl(and_(srl(load_u8(qh), 2 * k), 3), 4)), 32);
-    const I qb = sub_(or_(q, shl(and_(srl(load_u8(qh + 16), 2 * k), 3), 4)), 32);
-    w0 = mul(set1(s.scale[2 * c]), to_float(qa));
-    w1 = mul(set1(s.scale[2 * c + 1]), to_float(qb));
+    const I a = k >> 1 ? srl(la, 4) : la, q = k >> 1 ? srl(lb, 4) : lb;
+    const I ha = move_bit(xor_(load_u8(qh), 0xAA), 2 * k, 4), hb = move_bit(xor_(load_u8(qh + 16), 0xAA), 2 * k, 4);
+    w0 = mul(bcast(s.scale + 2 * c), to_float(shl(merge_bits(a, ha, 15), 26)));
+    w1 = mul(bcast(s.scale + 2 * c + 1), to_float(shl(merge_bits(q, hb, 15), 26)));
   }
 };
 

@@ -21,6 +21,7 @@ struct I { __m256i lo, hi; };
 
 inline V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+inline V bcast(const float* p) { return set1(*p); }  // set1(*p)
 inline V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 inline V load_partial(const float* p, int64_t n) {  // lanes >= n: +0
   alignas(32) float buf[16] = {};
@@ -51,9 +52,34 @@ inline I load_i8(const uint8_t* p) {
 }
 inline I and_(I a, int m) { const __m256i v = _mm256_set1_epi32(m); return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)}; }
 inline I or_(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline I xor_(I a, int m) { const __m256i v = _mm256_set1_epi32(m); return {_mm256_xor_si256(a.lo, v), _mm256_xor_si256(a.hi, v)}; }
 inline I srl(I a, int s) { const __m128i c = _mm_cvtsi32_si128(s); return {_mm256_srl_epi32(a.lo, c), _mm256_srl_epi32(a.hi, c)}; }
 inline I shl(I a, int s) { const __m128i c = _mm_cvtsi32_si128(s); return {_mm256_sll_epi32(a.lo, c), _mm256_sll_epi32(a.hi, c)}; }
 inline I sub_(I a, int b) { const __m256i v = _mm256_set1_epi32(b); return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)}; }
+// The bits of a where m has ones, of b elsewhere.
+inline I merge_bits(I a, I b, int m) {
+  const __m256i v = _mm256_set1_epi32(m);
+  return {_mm256_or_si256(_mm256_and_si256(a.lo, v), _mm256_andnot_si256(v, b.lo)), _mm256_or_si256(_mm256_and_si256(a.hi, v), _mm256_andnot_si256(v, b.hi))};
+}
+
+// A block's values fl(fl(d * (q - Offset)) + m) (Min = 1), fl(fl(d * (q - Offset)) - m) (Min = -1) or
+// fl(d * (q - Offset)) (Min = 0) at its 2^Bits quants q (Bits 4 or 5), looked up per element.
+// Here: d and m kept, the value computed per element in that order (the AVX-512 path tables them).
+template <int Bits, int Offset, int Min>
+struct Affine { V d, m; };
+template <int Bits, int Offset, int Min>
+inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) { return {d, m}; }
+template <int Offset, int Min>
+inline V affine_at(V d, V m, I q) {  // the value at the quant q (in range)
+  const V w = mul(d, to_float(sub_(q, Offset)));
+  return Min > 0 ? add(w, m) : Min < 0 ? sub(w, m) : w;
+}
+// The value at q & 15 per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 15)); }
+// The value at (q & 15) | (h & 16) per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q, I h) { return affine_at<Offset, Min>(a.d, a.m, and_(merge_bits(q, h, 15), 31)); }
 // Lane i of entry v is 16 * bit i of v (8 KB, built when the module loads).
 struct BitTable {
   alignas(32) int32_t lane[256][8];
@@ -63,18 +89,14 @@ struct BitTable {
   }
 };
 const BitTable kBit16;
-// Lane i is 16 where bit i of `bits` is set, else 0: a table load per 8 lanes.
-inline I bit4s(uint32_t bits) {
-  return {_mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[bits & 0xFFu])),
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[(bits >> 8) & 0xFFu]))};
+// The value at (q & 15) | 16 * (bit i of the little-endian bits at `bits`) per lane i: a table
+// load per 8 lanes gives the 16s.
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits) {
+  const I h = {_mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[bits[0]])),
+               _mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[bits[1]]))};
+  return affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), h));
 }
-
-// float((q & 15) - Offset) per lane.
-template <int Offset>
-inline V nibble_float(I q) { return to_float(sub_(and_(q, 15), Offset)); }
-// float(((q & 15) | 16 * bit i of `bits`) - Offset) per lane i.
-template <int Offset>
-inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bit4s(bits)), Offset)); }
 
 inline V load_f16(const uint8_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),

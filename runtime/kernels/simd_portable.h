@@ -21,6 +21,7 @@ struct I { int32_t v[16]; };
 
 inline V zero() { V r; SV_LANES r.v[l] = 0.0f; return r; }
 inline V set1(float a) { V r; SV_LANES r.v[l] = a; return r; }
+inline V bcast(const float* p) { return set1(*p); }  // set1(*p)
 inline V load(const float* p) { V r; std::memcpy(r.v, p, sizeof(r.v)); return r; }
 inline V load_partial(const float* p, int64_t n) {  // lanes >= n: +0
   V r = zero();
@@ -45,17 +46,37 @@ inline I load_u8(const uint8_t* p) { I r; SV_LANES r.v[l] = p[l]; return r; }
 inline I load_i8(const uint8_t* p) { I r; SV_LANES r.v[l] = static_cast<int8_t>(p[l]); return r; }
 inline I and_(I a, int m) { SV_LANES a.v[l] &= m; return a; }
 inline I or_(I a, I b) { SV_LANES a.v[l] |= b.v[l]; return a; }
+inline I xor_(I a, int m) { SV_LANES a.v[l] ^= m; return a; }
 inline I srl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) >> s); return a; }
 inline I shl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) << s); return a; }
 inline I sub_(I a, int b) { SV_LANES a.v[l] -= b; return a; }
-inline I bit4s(uint32_t bits) { I r; SV_LANES r.v[l] = (bits >> l) & 1u ? 16 : 0; return r; }  // 16 where bit l is set
+inline I merge_bits(I a, I b, int m) { SV_LANES a.v[l] = (a.v[l] & m) | (b.v[l] & ~m); return a; }  // a where m has ones, b elsewhere
 
-// float((q & 15) - Offset) per lane.
-template <int Offset>
-inline V nibble_float(I q) { return to_float(sub_(and_(q, 15), Offset)); }
-// float(((q & 15) | 16 * bit i of `bits`) - Offset) per lane i.
-template <int Offset>
-inline V five_bit_float(I q, uint32_t bits) { return to_float(sub_(or_(and_(q, 15), bit4s(bits)), Offset)); }
+// A block's values fl(fl(d * (q - Offset)) + m) (Min = 1), fl(fl(d * (q - Offset)) - m) (Min = -1) or
+// fl(d * (q - Offset)) (Min = 0) at its 2^Bits quants q (Bits 4 or 5), looked up per element.
+// Here: d and m kept, the value computed per element in that order (the AVX-512 path tables them).
+template <int Bits, int Offset, int Min>
+struct Affine { V d, m; };
+template <int Bits, int Offset, int Min>
+inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) { return {d, m}; }
+template <int Offset, int Min>
+inline V affine_at(V d, V m, I q) {  // the value at the quant q (in range)
+  const V w = mul(d, to_float(sub_(q, Offset)));
+  return Min > 0 ? add(w, m) : Min < 0 ? sub(w, m) : w;
+}
+// The value at q & 15 per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 15)); }
+// The value at (q & 15) | (h & 16) per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q, I h) { return affine_at<Offset, Min>(a.d, a.m, and_(merge_bits(q, h, 15), 31)); }
+// The value at (q & 15) | 16 * (bit i of the little-endian bits at `bits`) per lane i.
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits) {
+  I h;
+  SV_LANES h.v[l] = ((bits[l >> 3] >> (l & 7)) & 1) << 4;
+  return affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), h));
+}
 
 // Exact IEEE half -> float (normals, subnormals, infinities; NaNs keep their payload).
 inline float half_to_float(uint16_t h) {
