@@ -219,8 +219,9 @@ class Decoder:
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)
         x = x + attended
-        gate, up = layer.gate_up(layer.pre_mlp_norm(x)).chunk(2, dim=-1)  # [T, F] each
-        mlp = layer.down(layer.activation(gate) * up)  # [T, d]
+        gate_up = layer.gate_up(layer.pre_mlp_norm(x))  # [T, 2 F]
+        half = gate_up.shape[1] // 2
+        mlp = layer.down(layer.activation(gate_up[:, :half]) * gate_up[:, half:])  # [T, d]
         if layer.post_mlp_norm is not None:
             mlp = layer.post_mlp_norm(mlp)
         return x + mlp
