@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from runtime.kernels import QuantMatrix, build
+from runtime.kernels import QuantMatrix, build, kernel_name
 
 # Captured at import, before any test's monkeypatch: the real model lives in the user's cache
 # (converting it afresh takes minutes), even while a test points SPECVOCAB_CACHE elsewhere.
@@ -97,6 +97,12 @@ def real_texts() -> list[str]:
     code, chat = humaneval_prompts(20), sharegpt_prompts(20)
     return [text for pair in zip(code, chat) for text in pair]
 
+
+# Bit-level claims (batch invariance, tree = chain, path identity) are the compiled kernels'; the
+# pure-torch fallback (SPECVOCAB_KERNELS=torch) computes the same values through torch's GEMM.
+needs_compiled_kernels = pytest.mark.skipif(
+    kernel_name() == "torch", reason="SPECVOCAB_KERNELS=torch: the pure-torch fallback makes no bit-level claims"
+)
 
 _HAS_MIN = (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)  # a second fp16 (min / dmin) at byte 2
 

@@ -120,7 +120,7 @@ def test_bench_verify_prints_the_ratio_table(artifact: Path, tmp_path: Path):
     assert short.exit_code != 0 and "--context" in short.output and "Traceback" not in short.output
 
 
-def test_bench_rows_carry_the_predicted_throughput(artifact: Path, tmp_path: Path):
+def test_bench_rows_carry_draft_verify_cost_and_predicted_throughput(artifact: Path, tmp_path: Path):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"text": PROMPT}, {"text": "w7 w8 hi w7 w8"}]))
     out = tmp_path / "b.json"
@@ -130,5 +130,7 @@ def test_bench_rows_carry_the_predicted_throughput(artifact: Path, tmp_path: Pat
     rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
     assert rows["spec:ngram"]["identical_to_greedy"] == 1.0
     assert rows["spec:ngram"]["predicted_tokens_per_s"] > 0
-    assert "predicted_tokens_per_s" not in rows["ar"]
-    assert "predicted tok/s" in out.with_suffix(".md").read_text()
+    assert rows["spec:ngram"]["verify_ms_per_round"] > 0 and rows["spec:ngram"]["draft_ms_per_token"] >= 0
+    assert "predicted_tokens_per_s" not in rows["ar"] and "verify_ms_per_round" not in rows["ar"]
+    table = out.with_suffix(".md").read_text()
+    assert "predicted tok/s" in table and "T_D ms" in table and "T_V ms" in table

@@ -12,12 +12,10 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
-from runtime.kernels import attend, kernel_name, prepare_qkv, quant_linear, quant_linear_parts, rms_norm
+from runtime.kernels import attend, prepare_qkv, quant_linear, quant_linear_parts, rms_norm
 from runtime.kernels import build
 
-from factories import compiled_module, random_matrix
-
-needs_compiled = pytest.mark.skipif(kernel_name() == "torch", reason="SPECVOCAB_KERNELS=torch: no compiled kernels")
+from factories import compiled_module, needs_compiled_kernels, random_matrix
 
 
 def _generator(seed: int = 0) -> torch.Generator:
@@ -69,9 +67,10 @@ def test_prepare_qkv_rotates_normalizes_and_caches(head_norms: bool) -> None:
     assert torch.equal(keys[:, :start], torch.zeros(kv, start, hd))  # nothing else written
 
 
-def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads() -> None:
+@pytest.mark.parametrize("hd", [64, 4, 24])
+def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads(hd: int) -> None:
     g = _generator(2)
-    count, heads, kv, hd, scale = 4, 6, 2, 64, 0.125
+    count, heads, kv, scale = 4, 6, 2, 0.125
     qkv = torch.randn(count, heads + 2 * kv, hd, generator=g)
     keys, values = _cache(kv, 32, hd, g)
     first, end, no_path = torch.tensor([0, 3, 0, 10]), torch.tensor([9, 10, 11, 12]), torch.empty(count, 0, dtype=torch.long)
@@ -92,7 +91,7 @@ def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads() -> None:
     assert torch.equal(via_path, attend(qkv[3:4], heads, keys, values, torch.tensor([0]), torch.tensor([12]), no_path[:1], scale))
 
 
-@needs_compiled
+@needs_compiled_kernels
 def test_quant_linear_parts_is_the_parts_side_by_side() -> None:
     parts = [random_matrix(T.Q5_0, 19, 256, seed=1), random_matrix(T.Q4_K, 7, 256, seed=2), random_matrix(T.Q8_0, 5, 256, seed=3)]
     x = torch.randn(9, 256, generator=_generator(3))
@@ -101,14 +100,14 @@ def test_quant_linear_parts_is_the_parts_side_by_side() -> None:
         assert torch.equal(quant_linear_parts(x[:n], parts), expected)
 
 
-@needs_compiled
+@needs_compiled_kernels
 @pytest.mark.parametrize("path", build.PATHS)
 def test_layer_ops_bit_identical_on_every_compiled_path(path: str) -> None:
     other, active = compiled_module(path), build.active()[1]
     g = _generator(4)
     x, factor = torch.randn(5, 77, generator=g), torch.randn(77, generator=g)
     assert torch.equal(other.rms_norm(x, factor, 1e-6), active.rms_norm(x, factor, 1e-6))
-    heads, kv, hd = 4, 2, 32
+    heads, kv, hd = 4, 2, 40
     qkv = torch.randn(3, heads + 2 * kv, hd, generator=g)
     cos, sin = torch.randn(20, hd, generator=g), torch.randn(20, hd, generator=g)
     norms = torch.randn(hd, generator=g), torch.randn(hd, generator=g)

@@ -18,6 +18,7 @@ from runtime.backends import BACKENDS, UnsupportedModel, choose_backend, native_
 from runtime.backends.decoder import PREFILL_CHUNK
 from runtime.backends.lean import lean_target
 from runtime.backends.native import native_target
+from factories import needs_compiled_kernels
 
 # HF parameter name inside a decoder layer -> llama.cpp tensor name.
 LAYER_NAMES = {
@@ -129,6 +130,7 @@ def test_native_hidden_states_are_bit_identical_to_lean(tiny_pair) -> None:
     assert torch.equal(hidden_in_chunks(native, tokens, short), hidden_in_chunks(lean, tokens, short))
 
 
+@needs_compiled_kernels
 def test_native_is_batch_invariant(tiny_pair) -> None:
     """A verify forward over n <= 16 tokens gives each position exactly its one-token value."""
     _, native = tiny_pair

@@ -14,7 +14,7 @@ import torch
 
 from runtime.backends.lean import lean_target
 from runtime.trees import TokenTree, build_tree
-from factories import tiny_causal_lm
+from factories import needs_compiled_kernels, tiny_causal_lm
 
 ARCHS = ("gemma3", "qwen2", "llama")
 SHAPES = [(2, 4, 7), (4, 3, 16), (8, 2, 24), (2, 9, 18), (4, 8, 32)]  # (K, depth, node budget)
@@ -58,18 +58,21 @@ def check_tree(target, prefix: torch.Tensor, tree: TokenTree, parts: int = 1) ->
         assert torch.equal(hidden[path], reference), f"path {path}"
 
 
+@needs_compiled_kernels
 @pytest.mark.parametrize("k, depth, budget", SHAPES)
 def test_tree_nodes_equal_chain_forwards(tiny_target, k, depth, budget) -> None:
     prefix = torch.randint(0, 128, (10,), generator=torch.Generator().manual_seed(budget))
     check_tree(tiny_target, prefix, random_tree(128, k, depth, budget, seed=k * 100 + depth))
 
 
+@needs_compiled_kernels
 def test_tree_fed_in_parts_equals_one_call(tiny_target) -> None:
     """Nodes fed over several calls (beam search grows a tree step by step) attend to earlier calls' nodes."""
     prefix = torch.arange(3, 12)
     check_tree(tiny_target, prefix, random_tree(128, 4, 5, 20, seed=7), parts=3)
 
 
+@needs_compiled_kernels
 def test_chain_shaped_tree_equals_forward(tiny_target) -> None:
     """A one-path tree is a chain: forward_tree gives forward's bits, rows and cache alike."""
     prefix, path = torch.arange(5, 25), torch.tensor([9, 4, 77, 12, 3])
@@ -81,6 +84,7 @@ def test_chain_shaped_tree_equals_forward(tiny_target) -> None:
         assert torch.equal(mine[:, : cache.length], theirs[:, : cache.length])
 
 
+@needs_compiled_kernels
 @pytest.mark.parametrize("pick", ["deepest", "last", "first"])
 def test_compact_then_forward_equals_chain(tiny_target, pick) -> None:
     """After keeping one path's K/V, the cache is the chain's (bit for bit) and the next forward agrees."""
@@ -124,6 +128,7 @@ def test_transformers_backend_refuses_trees() -> None:
         target.forward_tree(torch.tensor([1]), torch.tensor([-1]), target.new_cache())
 
 
+@needs_compiled_kernels
 @pytest.mark.real_model
 def test_real_gemma_native_tree_equals_chains(real_gemma) -> None:
     """gemma3-270m on the native backend (the GGUF's own blocks): a 16-node tree over a real prompt."""

@@ -19,6 +19,8 @@ COLUMNS = [
     ("required_open_fraction", "needed to certify", "{:.1%}"),
     ("mean_accepted_length", "mean accepted length", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.1%}"),
+    ("draft_ms_per_token", "T_D ms", "{:.2f}"),
+    ("verify_ms_per_round", "T_V ms", "{:.2f}"),
     ("predicted_tokens_per_s", "predicted tok/s", "{:.2f}"),
     ("shortlist_fraction", "shortlist", "{:.1%}"),
     ("perplexity", "perplexity", "{:.3f}"),

@@ -115,8 +115,8 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
 
 
 def _speculative_fields(result: MethodResult) -> dict:
-    """mean_accepted_length, acceptance_rate and the GP paper's predicted tokens/s over all prompts,
-    for methods that draft."""
+    """mean_accepted_length, acceptance_rate, T_D (ms per drafted token), T_V (ms per verify round)
+    and the GP paper's predicted tokens/s over all prompts, for methods that draft."""
     specs = [run.spec for run in result.runs if run.spec is not None]
     if not specs:
         return {}
@@ -124,6 +124,8 @@ def _speculative_fields(result: MethodResult) -> dict:
     return {
         "mean_accepted_length": total.mean_accepted_length,
         "acceptance_rate": total.acceptance_rate,
+        "draft_ms_per_token": 1e3 * total.seconds_draft_per_token,
+        "verify_ms_per_round": 1e3 * total.seconds_verify_per_round,
         "predicted_tokens_per_s": total.predicted_tokens_per_s,
     }
 

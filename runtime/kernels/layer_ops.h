@@ -124,7 +124,7 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
   check_float(values, 3, "values");
   for (auto* t : {&first, &end, &extra}) TORCH_CHECK(t->dtype() == torch::kLong && t->is_contiguous(), "first, end and extra must be int64");
   const int64_t count = qkv.size(0), hd = qkv.size(2), kv = keys.size(0), capacity = keys.size(1), width = qkv.size(1);
-  TORCH_CHECK(hd % 16 == 0 && keys.size(2) == hd && values.sizes() == keys.sizes() && heads % kv == 0 && width == heads + 2 * kv,
+  TORCH_CHECK(keys.size(2) == hd && values.sizes() == keys.sizes() && heads % kv == 0 && width == heads + 2 * kv,
               "qkv [T, H + 2 KV, hd] and keys [KV, capacity, hd] disagree");
   TORCH_CHECK(first.dim() == 1 && end.dim() == 1 && first.size(0) == count && end.size(0) == count && extra.dim() == 2 && extra.size(0) == count,
               "first, end [T] and extra [T, E] must match qkv's T");
@@ -171,10 +171,13 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
         total += p[j];
       }
       float* o = op + item * hd;
-      for (int64_t i = 0; i < hd; i += 16) {
+      for (int64_t i = 0; i < hd; i += 16) {  // 16 output lanes at a time (the last step masked)
+        const int64_t m = std::min<int64_t>(16, hd - i);
         V acc = zero();
-        for (int64_t j = 0; j < n; ++j) acc = fma(set1(p[j]), load(vh + seen[j] * hd + i), acc);
-        store(o + i, acc);
+        for (int64_t j = 0; j < n; ++j) acc = fma(set1(p[j]), load_partial(vh + seen[j] * hd + i, m), acc);
+        float lanes[16];
+        store(lanes, acc);
+        std::copy(lanes, lanes + m, o + i);
       }
       for (int64_t i = 0; i < hd; ++i) o[i] /= total;
     }
