@@ -52,24 +52,7 @@ inline I shl(I a, int s) { SV_LANES a.v[l] = static_cast<int32_t>(static_cast<ui
 inline I sub_(I a, int b) { SV_LANES a.v[l] -= b; return a; }
 inline I merge_bits(I a, I b, int m) { SV_LANES a.v[l] = (a.v[l] & m) | (b.v[l] & ~m); return a; }  // a where m has ones, b elsewhere
 
-// A block's values fl(fl(d * (q - Offset)) + m) (Min = 1), fl(fl(d * (q - Offset)) - m) (Min = -1) or
-// fl(d * (q - Offset)) (Min = 0) at its 2^Bits quants q (Bits 4 or 5), looked up per element.
-// Here: d and m kept, the value computed per element in that order (the AVX-512 path tables them).
-template <int Bits, int Offset, int Min>
-struct Affine { V d, m; };
-template <int Bits, int Offset, int Min>
-inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) { return {d, m}; }
-template <int Offset, int Min>
-inline V affine_at(V d, V m, I q) {  // the value at the quant q (in range)
-  const V w = mul(d, to_float(sub_(q, Offset)));
-  return Min > 0 ? add(w, m) : Min < 0 ? sub(w, m) : w;
-}
-// The value at q & 15 per lane.
-template <int Offset, int Min>
-inline V lookup(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 15)); }
-// The value at (q & 15) | (h & 16) per lane.
-template <int Offset, int Min>
-inline V lookup(const Affine<5, Offset, Min>& a, I q, I h) { return affine_at<Offset, Min>(a.d, a.m, and_(merge_bits(q, h, 15), 31)); }
+#include "affine_per_element.h"  // Affine, affine, lookup: the values computed per element
 // The value at (q & 15) | 16 * (bit i of the little-endian bits at `bits`) per lane i.
 template <int Offset, int Min>
 inline V lookup(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits) {

@@ -1,0 +1,25 @@
+// Block values computed per element: the Affine vocabulary of the AVX2 and portable paths.
+//
+// Included inside namespace simd by simd_avx2.h and simd_portable.h, after the ops it uses (mul,
+// to_float, sub_, add, sub, and_, merge_bits). Both keep a block's d and m and compute each value
+// in gguf-py's order; the AVX-512 path (simd_avx512.h) tables the same products per block instead
+// (a permute table measured slower on AVX2), so all three give the same bits.
+#pragma once
+
+// A block's values fl(fl(d * (q - Offset)) + m) (Min = 1), fl(fl(d * (q - Offset)) - m) (Min = -1) or
+// fl(d * (q - Offset)) (Min = 0) at its 2^Bits quants q (Bits 4 or 5), looked up per element.
+template <int Bits, int Offset, int Min>
+struct Affine { V d, m; };
+template <int Bits, int Offset, int Min>
+inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) { return {d, m}; }
+template <int Offset, int Min>
+inline V affine_at(V d, V m, I q) {  // the value at the quant q (in range)
+  const V w = mul(d, to_float(sub_(q, Offset)));
+  return Min > 0 ? add(w, m) : Min < 0 ? sub(w, m) : w;
+}
+// The value at q & 15 per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 15)); }
+// The value at (q & 15) | (h & 16) per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q, I h) { return affine_at<Offset, Min>(a.d, a.m, and_(merge_bits(q, h, 15), 31)); }
