@@ -50,10 +50,11 @@ class RMSNorm:
         return cls(1.0 + weight if gemma else weight.clone(), float(eps))
 
     @classmethod
-    def of_module(cls, module: torch.nn.Module, gemma: bool) -> "RMSNorm":
-        """From a transformers RMSNorm module (Gemma3RMSNorm, LlamaRMSNorm, Qwen2RMSNorm)."""
+    def of_module(cls, module: torch.nn.Module, gemma: bool, weight: torch.Tensor | None = None) -> "RMSNorm":
+        """From a transformers RMSNorm module (Gemma3RMSNorm, LlamaRMSNorm, Qwen2RMSNorm): its eps,
+        and its weight unless `weight` is given (a meta-device module's, read from a file)."""
         eps = getattr(module, "eps", None)
-        return cls.of(module.weight, module.variance_epsilon if eps is None else eps, gemma)
+        return cls.of(module.weight if weight is None else weight, module.variance_epsilon if eps is None else eps, gemma)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.factor, self.eps)  # [..., d]

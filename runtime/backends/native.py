@@ -127,9 +127,7 @@ class _Builder:
         weight = self.tensors.vector(name)
         if weight is None:
             raise UnsupportedModel(f"{self.tensors.path.name} has no tensor {name}; use --backend lean")
-        eps = getattr(template, "eps", None)
-        eps = template.variance_epsilon if eps is None else eps
-        return RMSNorm.of(weight - 1 if self.gemma else weight, eps, self.gemma)  # transformers' Gemma2TensorProcessor
+        return RMSNorm.of_module(template, self.gemma, weight - 1 if self.gemma else weight)  # transformers' Gemma2TensorProcessor
 
     def projection(self, names: list[str], heads: list[int | None], bias: bool = False) -> NativeProjection:
         """The projection over tensors `names` (outputs concatenated); heads: the rotary head count of a

@@ -58,17 +58,6 @@ void dispatch(const torch::Tensor& data, int64_t type, int64_t cols, Fn&& fn) {
   TORCH_CHECK(known, "unsupported ggml type ", type);
 }
 
-// x [n, cols] float32, data [rows, row_bytes] uint8 in ggml `type` -> y [n, rows] float32.
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, int64_t type, int64_t cols) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == cols, "x must be [n, cols] float32");
-  x = x.contiguous();
-  auto y = torch::empty({x.size(0), data.size(0)}, x.options());
-  dispatch(data, type, cols, [&](auto d) {
-    run<decltype(d)>(data.data_ptr<uint8_t>(), data.size(0), data.size(1), cols, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), y.size(1));
-  });
-  return y;
-}
-
 // x [n, cols] float32 against several matrices (data_i [rows_i, row_bytes_i] in ggml types_i) ->
 // y [n, sum rows_i], their outputs side by side (q/k/v, gate/up): one call, no concatenation.
 torch::Tensor quant_linear_parts(torch::Tensor x, std::vector<torch::Tensor> data, std::vector<int64_t> types, int64_t cols) {
@@ -87,6 +76,11 @@ torch::Tensor quant_linear_parts(torch::Tensor x, std::vector<torch::Tensor> dat
     offset += data[p].size(0);
   }
   return y;
+}
+
+// x [n, cols] float32, data [rows, row_bytes] uint8 in ggml `type` -> y [n, rows] float32.
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, int64_t type, int64_t cols) {
+  return quant_linear_parts(x, {data}, {type}, cols);
 }
 
 // x [n, d] float32, w [out, d] float32 (contiguous) -> y [n, out] float32.

@@ -1,7 +1,7 @@
 // The decoder ladder's row-wise ops in one fixed order: RMSNorm, q/k preparation (norm, rotary, K/V
 // write) and attention of single queries.
 //
-// Included by bindings.h (after one simd_*.h), which registers them. Every output row
+// Included by bindings.h (after one simd_*.h, blocks.h and gemm.h), which registers them. Every output row
 // depends only on its own input row (and, for attention, on the keys it reads, in the order it
 // reads them), so a forward over n tokens gives each token the bits a one-token step gives it,
 // and a token-tree node the bits a chain step over its path gives it. Sums use the skinny
@@ -22,19 +22,11 @@ namespace ops {
 
 using namespace simd;
 
-// <a, b> over n floats in the skinny kernel's order.
+// <a, b> over n floats: the skinny kernel's own order (gemm.h, an F32 row against one row of x).
 inline float dot(const float* a, const float* b, int64_t n) {
-  V acc0 = zero(), acc1 = zero();
-  int64_t j = 0;
-  for (; j + 32 <= n; j += 32) {
-    acc0 = fma(load(a + j), load(b + j), acc0);
-    acc1 = fma(load(a + j + 16), load(b + j + 16), acc1);
-  }
-  for (; j < n; j += 16) {
-    const int64_t m = std::min<int64_t>(16, n - j);
-    acc0 = fma(load_partial(a + j, m), load_partial(b + j, m), acc0);
-  }
-  return reduce(add(acc0, acc1));
+  float out;
+  gemm::row_dot_many<blocks::F32, 1>(reinterpret_cast<const uint8_t*>(a), b, n, n, nullptr, &out, 1);
+  return out;
 }
 
 void check_float(const torch::Tensor& t, int64_t dim, const char* what) {

@@ -166,12 +166,7 @@ def quant_linear(x: torch.Tensor, w: QuantMatrix) -> torch.Tensor:
     rows of x in passes of a few). The pure-torch fallback (no compiled path) multiplies
     dequantize(w) with torch's GEMM instead: the same values up to float32 rounding, not the same bits.
     """
-    if x.dim() != 2 or x.shape[1] != w.cols or x.dtype != torch.float32:
-        raise ValueError(f"quant_linear needs x [n, {w.cols}] float32, got {x.dtype} {list(x.shape)}")
-    _, ext = active()
-    if ext is None:
-        return torch.nn.functional.linear(x, _dequantize_torch(w.data, w.ggml_type, w.cols))
-    return ext.quant_linear(x, w.data, int(w.ggml_type), w.cols)
+    return quant_linear_parts(x, [w])
 
 
 def quant_linear_parts(x: torch.Tensor, parts: list[QuantMatrix]) -> torch.Tensor:
@@ -179,12 +174,13 @@ def quant_linear_parts(x: torch.Tensor, parts: list[QuantMatrix]) -> torch.Tenso
 
     Each part's outputs are quant_linear's bits; one call fills one output (fused q/k/v, gate/up).
     """
-    if any(w.cols != parts[0].cols for w in parts):
+    cols = parts[0].cols
+    if any(w.cols != cols for w in parts):
         raise ValueError("quant_linear_parts needs parts with one column count")
+    if x.dim() != 2 or x.shape[1] != cols or x.dtype != torch.float32:
+        raise ValueError(f"quant_linear needs x [n, {cols}] float32, got {x.dtype} {list(x.shape)}")
     _, ext = active()
-    if ext is None or len(parts) == 1:
-        outs = [quant_linear(x, w) for w in parts]
+    if ext is None:
+        outs = [torch.nn.functional.linear(x, _dequantize_torch(w.data, w.ggml_type, w.cols)) for w in parts]
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
-    if x.dim() != 2 or x.shape[1] != parts[0].cols or x.dtype != torch.float32:
-        raise ValueError(f"quant_linear needs x [n, {parts[0].cols}] float32, got {x.dtype} {list(x.shape)}")
-    return ext.quant_linear_parts(x, [w.data for w in parts], [int(w.ggml_type) for w in parts], parts[0].cols)
+    return ext.quant_linear_parts(x, [w.data for w in parts], [int(w.ggml_type) for w in parts], cols)
