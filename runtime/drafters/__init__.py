@@ -18,7 +18,7 @@ from runtime.drafters.layers import LayerDrafter
 from runtime.drafters.model import ModelDrafter, load_model_drafter
 from runtime.drafters.ngram import NgramDrafter
 from runtime.drafters.onedecode import ONEDECODE_HELP, build_onedecode, parse_onedecode
-from runtime.drafters.shortlisted import build_shortlisted, parse_shortlisted
+from runtime.drafters.shortlist_names import build_shortlisted, parse_shortlisted
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Shortlisted drafters by name: `dynaspec:DRAFTER[:options]` and `frspec:DRAFTER:TOKENS[:context=0|1]`.
+"""dynaspec: and frspec: drafter names, parsed and built: `dynaspec:DRAFTER[:options]`, `frspec:DRAFTER:TOKENS`.
 
 DRAFTER is `layers:N` or `int8`. The router (`dynaspec`) must have been trained on the hidden state
 the drafter gives it: `layers:N`, or `final` for `int8`. Options:
@@ -8,7 +8,8 @@ the drafter gives it: `layers:N`, or `final` for `int8`. Options:
   (default 1: the router runs in a second thread beside the drafter's forward);
 - context=0|1 (default 1): the sequence's own tokens are in the shortlist too; 0 is the papers' head.
 
-Parsing (`parse_shortlisted`) touches no model, so a bad name fails before one loads.
+Parsing (`parse_shortlisted`) touches no model, so a bad name fails before one loads. The drafters
+themselves are in runtime.drafters.dynaspec, their shortlist head in runtime.heads.shortlist.
 """
 
 from __future__ import annotations
