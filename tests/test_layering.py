@@ -31,7 +31,7 @@ LAYERS = [
      "runtime.trees", "runtime.verify_tree"),
     ("runtime.drafters", "runtime.session"),
     ("runtime.decode", "runtime.speculative", "runtime.tree_speculative", "runtime.mjsd"),
-    ("runtime.methods", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),
+    ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),
     ("runtime.api",),
     ("runtime.cli", "runtime.__main__"),
 ]
@@ -83,7 +83,7 @@ def test_drafters_and_heads_import_no_loop_bench_cli_or_api():
 
     root = Path(runtime.__file__).parent
     forbidden = ("runtime.speculative", "runtime.decode", "runtime.bench", "runtime.cli", "runtime.api",
-                 "runtime.methods", "runtime.method_builders")
+                 "runtime.methods", "runtime.method_spec", "runtime.method_builders")
     for package in ("drafters", "heads"):
         for path in (root / package).rglob("*.py"):
             bad = [name for name in _imports(path) if name.startswith(forbidden)]
