@@ -1,0 +1,43 @@
+"""`prep`: read a causal LM once and write versioned artifacts for the runtime."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from runtime.cli import clean_errors as runtime_clean_errors
+
+
+def clean_errors(command):
+    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return runtime_clean_errors(command)(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted; stages already written are kept: rerun the same command to finish", err=True)
+            raise click.exceptions.Exit(130) from None
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise click.ClickException(f"{e.strerror or e}{where}; free space or choose a writable place, "
+                                       "then rerun the same command") from None
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Prepare artifacts for a model: clusters, screening head, and more.
+
+    \b
+    prep import gemma3-270m
+    prep cluster gemma3-270m -o art/g270
+    prep all gemma3-270m -o art/g270
+    """
+
+
+from prep.cli import drafter_stages, head_stages  # noqa: E402,F401  (the commands register on `main`)
+
+__all__ = ["clean_errors", "main"]

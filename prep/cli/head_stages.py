@@ -1,0 +1,123 @@
+"""`prep import`, `cluster` and `all`: convert a model, build the certified head's stages, run a recipe end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from artifacts import Artifact
+from artifacts.format import Stage
+from prep import stages
+from prep.cli import clean_errors, main
+from prep.recipes import load_recipe, overridden
+from prep.screen import check_group_size
+from runtime.models import DEFAULT_MODEL, resolve_model
+
+
+@main.command("import")
+@click.argument("model", default=DEFAULT_MODEL)
+@clean_errors
+def import_model(model: str) -> None:
+    """Resolve and convert a model once (cached as a safetensors directory).
+
+    \b
+    prep import gemma3-270m
+    prep import ./my-model.gguf
+    """
+    resolved = resolve_model(model)
+    click.echo(f"{resolved.name}: {resolved.path}")
+
+
+@main.command("cluster")
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("-o", "--out", required=True, help="Artifact directory to create or add to.")
+@click.option("--clusters", type=int, default=None, help="Number of k-means clusters (default: the recipe's).")
+@click.option("--iterations", type=int, default=None, help="k-means iterations (default: the recipe's).")
+@click.option("--group-size", default=None, help="Screening scale group: 'auto', 'row' or a size such as 32.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite stages that already exist.")
+@clean_errors
+def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, force: bool) -> None:
+    """Build the `clusters` (cluster bound) and `screen` (int8 screening bound) stages.
+
+    \b
+    prep cluster gemma3-270m -o art/g270
+    prep cluster qwen2.5-coder-0.5b-instruct -o art/qwen --clusters 1024 --force
+    """
+    recipe = load_recipe(model)
+    cfg = overridden(recipe.cluster, clusters=clusters, iterations=iterations)
+    clusters, iterations = cfg.clusters, cfg.iterations
+    group = parse_group_size(overridden(recipe.screen, group_size=group_size).group_size)
+    if clusters < 1 or iterations < 1:
+        raise click.BadParameter("--clusters and --iterations must be at least 1")
+    requested = {Stage.CLUSTERS: stages.cluster_request(clusters, iterations, cfg.top_m_bias, seed),
+                 Stage.SCREEN: stages.screen_request(group)}
+    with stages.output_artifact(out, force) as path:
+        todo = stages.plan(stages.existing(path, model), requested, force)
+        if todo:
+            source = stages.open_for_writing(model, path, force)
+            if group:
+                check_group_size(group, source.artifact.model.hidden_size)
+        if Stage.CLUSTERS in todo:
+            stages.write_clusters(source, clusters, iterations, cfg.top_m_bias, seed, force)
+        if Stage.SCREEN in todo:
+            stages.write_screen(source, group, force)
+    click.echo(f"{path}: stages {', '.join(todo) or 'none'} written, {', '.join(sorted(set(requested) - set(todo))) or 'none'} kept")
+
+
+@main.command("all")
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
+@click.option("--with-router", is_flag=True, help="Also run the recipe's prep traces + prep train-router (gemma3-270m: ~6 min on 2 cores).")
+@click.option("--traces", "traces_dir", default=None, help="Traces directory for --with-router (default: traces/NAME for -o art/NAME).")
+@click.option("--force", is_flag=True, help="Rebuild stages that already exist.")
+@clean_errors
+def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool) -> None:
+    """Run the model's recipe end to end; stages already built are kept (use --force to rebuild).
+
+    \b
+    prep all gemma3-270m -o art/g270
+    prep all gemma3-270m -o art/g270 --with-router
+    prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
+    """
+    recipe = load_recipe(model)
+    cfg = recipe.cluster
+    group = parse_group_size(recipe.screen.group_size)
+    requested = {Stage.CLUSTERS: stages.cluster_request(cfg.clusters, cfg.iterations, cfg.top_m_bias, 0),
+                 Stage.SCREEN: stages.screen_request(group)}
+    if with_router:
+        requested[Stage.ROUTER] = {}
+    with stages.output_artifact(out, force) as path:
+        todo = stages.plan(stages.existing(path, model), requested, force)
+        if not todo:
+            click.echo(f"{path}: stages {', '.join(Artifact.open(path).stages)}")
+            return
+        source = stages.open_for_writing(model, path, force)
+        if Stage.CLUSTERS in todo:
+            stages.write_clusters(source, cfg.clusters, cfg.iterations, cfg.top_m_bias, 0, force)
+        if Stage.SCREEN in todo:
+            stages.write_screen(source, group, force)
+        if Stage.ROUTER in todo:
+            from prep.router_train import router_from_recipe
+
+            traces_dir = traces_dir or str(Path("traces") / Path(out).name)
+            params = router_from_recipe(source.model, source.artifact, recipe.router, traces_dir, force)
+            click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
+                       f"traces in {traces_dir}", err=True)
+    click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
+
+
+def parse_group_size(value) -> int | None:
+    """'auto' -> None (measure), 'row' -> 0 (per-row scales), else a positive integer."""
+    if value in ("auto", None):
+        return None
+    if value == "row":
+        return 0
+    try:
+        size = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: use 'auto', 'row' or an integer such as 32") from None
+    if size <= 0:
+        raise click.BadParameter("the group size must be positive")
+    return size
