@@ -1,5 +1,5 @@
 """Shared factories and fixtures: tiny random heads and models (gemma3 / qwen2 / llama), the tiny Llama
-(built once) and its directory, and the real gemma3-270m / qwen2.5-coder sessions.
+(built once) and its directory, a one-stage artifact, and the real gemma3-270m / qwen2.5-coder sessions.
 
 Tiny fixtures are fast and random; the real-model fixtures are session-scoped because loading
 gemma3-270m, building its artifact and running it over a corpus take tens of seconds. Tests that
@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from artifact_factories import CLUSTER_PARAMS, VERSION, cluster_tensors, make_model
+from artifacts import Artifact, Stage
 from factories import TINY_LLAMA, USER_CACHE, TinyHead, make_tiny_head, real_texts
 
 REAL_MODEL = "gemma3-270m"
@@ -32,6 +34,14 @@ torch.set_num_threads(int(os.environ.get("SPECVOCAB_TEST_THREADS", "1")))
 def tiny_head(request) -> TinyHead:
     """A tiny random head (V=4096, d=64), once without and once with a bias."""
     return make_tiny_head(bias=request.param)
+
+
+@pytest.fixture
+def art(tmp_path: Path) -> Artifact:
+    """An artifact with one clusters stage."""
+    artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
+    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
+    return artifact
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,10 @@
-"""Tests of the artifact format: round trips, checksums, model identity, atomic writes."""
+"""Tests of the artifact format: round trips, checksums, model identity, versions, schema checks."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -15,8 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-import artifacts.store
-from artifacts.schema import schema_of
+from artifact_factories import CLUSTER_PARAMS, VERSION, cluster_tensors, make_model, stage_data
 from artifacts import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -30,77 +28,11 @@ from artifacts import (
     NotAnArtifact,
     SchemaMismatch,
     Stage,
-    StageExists,
     UnknownFormatVersion,
     same_model,
     tensor_sha256,
     vocab_sha256,
 )
-
-VERSION = "specvocab 0.1.0-test"
-
-
-def make_model(seed: int = 0, name: str = "tiny") -> ModelInfo:
-    """Return the ModelInfo of a tiny random model whose head depends on `seed`."""
-    gen = torch.Generator().manual_seed(seed)
-    head = torch.randn(32, 8, generator=gen)  # [V, d]
-    vocab = {f"tok{i}": i for i in range(32)}
-    return ModelInfo(
-        name=name,
-        source=ModelSource("hf-dir", path=f"/models/{name}"),
-        architecture="llama",
-        vocab_size=32,
-        hidden_size=8,
-        lm_head_sha256=tensor_sha256(head),
-        vocab_sha256=vocab_sha256(vocab),
-    )
-
-
-PATTERN_EXAMPLES = {  # one tensor per name pattern of the stages that have them
-    Stage.GP: {"weights.0.qkv": (8, 4), "weights.0.qkv.energy": (4,)},
-    Stage.ROUTER: {"router.net.0.weight": (4, 16), "router.net.0.bias": (4,)},
-}
-
-
-def _size(dim: str) -> int:
-    """A size for one symbolic dimension, for V=32, d=8 and every other symbol 4."""
-    symbol, _, plus = dim.partition("+")
-    base = int(symbol) if symbol.isdigit() else {"V": 32, "d": 8, "*": 3}.get(symbol, 4)
-    return base + int(plus or 0)
-
-
-def stage_data(stage: str, seed: int = 0, **params) -> tuple[dict[str, torch.Tensor], dict, dict[str, bytes]]:
-    """Tensors, params and extra files that fit `stage`'s schema for make_model() (values random)."""
-    schema = schema_of(stage)
-    gen = torch.Generator().manual_seed(seed)
-    shapes = {n: [_size(d) for d in spec.shape] for n, spec in schema.tensors.items()}
-    shapes.update(PATTERN_EXAMPLES.get(stage, {}))
-    dtypes = {n: spec.dtype for n, spec in schema.tensors.items()}
-    tensors = {n: (torch.randn(shape, generator=gen) * 10).to(getattr(torch, dtypes.get(n, "float32")))
-               for n, shape in shapes.items()}
-    extra = {f: f"{f} {seed}".encode() for f in schema.files}
-    return tensors, {**{k: 1 for k in schema.params}, **params}, extra
-
-
-def cluster_tensors() -> dict[str, torch.Tensor]:
-    """Valid clusters-stage tensors (several dtypes)."""
-    return stage_data(Stage.CLUSTERS)[0]
-
-
-CLUSTER_PARAMS = {**stage_data(Stage.CLUSTERS)[1], "k": 4, "metric": "cosine"}
-
-
-def snapshot(path: Path) -> dict[str, bytes]:
-    """Return every file under `path` (relative name -> bytes), to compare states."""
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture
-def art(tmp_path: Path) -> Artifact:
-    """An artifact with one clusters stage."""
-    artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
-    return artifact
 
 
 def test_round_trip_tensors_params_and_extra_files(tmp_path: Path) -> None:
@@ -254,85 +186,6 @@ def test_missing_stage_names_the_prep_command(art: Artifact) -> None:
         art.stage_file(Stage.CLUSTERS, "router.onnx")
 
 
-def test_existing_stage_needs_force(art: Artifact) -> None:
-    before = snapshot(art.path)
-    with pytest.raises(StageExists, match="pass --force to overwrite"):
-        art.write_stage(Stage.CLUSTERS, *stage_data(Stage.CLUSTERS, seed=1)[:2])
-    assert snapshot(art.path) == before
-    assert art.stage_params(Stage.CLUSTERS) == CLUSTER_PARAMS
-
-
-def test_force_overwrites(tmp_path: Path) -> None:
-    artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
-    artifact.write_stage(Stage.CLUSTERS, *stage_data(Stage.CLUSTERS, seed=1, v=2)[:2], force=True)
-    reopened = Artifact.open(artifact.path)
-    assert torch.equal(reopened.read_stage(Stage.CLUSTERS)["radii"], stage_data(Stage.CLUSTERS, seed=1)[0]["radii"])
-    assert reopened.stage_params(Stage.CLUSTERS)["v"] == 2
-    assert reopened.verify() == []
-
-
-def _save_half_then_fail(tensors: dict[str, torch.Tensor], filename: str) -> None:
-    """Stand-in for safetensors' save_file that dies after writing part of the file."""
-    Path(filename).write_bytes(b"partial")
-    raise OSError("disk full")
-
-
-@pytest.mark.parametrize("force", [False, True])
-def test_failed_write_leaves_previous_state(
-    art: Artifact, monkeypatch: pytest.MonkeyPatch, force: bool
-) -> None:
-    stage = Stage.CLUSTERS if force else Stage.GP
-    before = snapshot(art.path)
-    monkeypatch.setattr(safetensors.torch, "save_file", _save_half_then_fail)
-    with pytest.raises(OSError, match="disk full"):
-        art.write_stage(stage, *stage_data(stage, seed=2)[:2], force=force)
-    assert snapshot(art.path) == before
-    assert not [p for p in art.path.iterdir() if p.name.startswith(".tmp-")]
-    reopened = Artifact.open(art.path)
-    assert reopened.stages == [Stage.CLUSTERS] and reopened.verify() == []
-    assert torch.equal(reopened.read_stage(Stage.CLUSTERS)["centroids"], cluster_tensors()["centroids"])
-
-
-def test_failed_manifest_commit_restores_old_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    artifact = Artifact.create(tmp_path / "art", make_model(), VERSION)
-    artifact.write_stage(Stage.ROUTER, *stage_data(Stage.ROUTER, v=1))
-    before = snapshot(artifact.path)
-
-    def fail_commit(path: Path, manifest: object) -> None:
-        raise KeyboardInterrupt
-
-    # Fails after the new files were renamed into place: the rollback path.
-    monkeypatch.setattr(artifacts.store, "write_manifest", fail_commit)
-    with pytest.raises(KeyboardInterrupt):
-        artifact.write_stage(Stage.ROUTER, *stage_data(Stage.ROUTER, seed=1, v=2), force=True)
-    assert snapshot(artifact.path) == before
-    assert artifact.stage_params(Stage.ROUTER)["v"] == 1
-    assert Artifact.open(artifact.path).verify() == []
-
-
-def test_bad_names_and_params_are_rejected_before_writing(art: Artifact) -> None:
-    before = snapshot(art.path)
-    tensors, params, _ = stage_data(Stage.ROUTER)
-    with pytest.raises(ValueError, match="has files"):
-        art.write_stage(Stage.ROUTER, tensors, params, {"../router.onnx": b"x"})
-    with pytest.raises(ValueError, match="no schema is declared for stage 'Router/x'"):
-        art.write_stage("Router/x", {}, {})
-    with pytest.raises(ValueError, match="plain JSON"):
-        art.write_stage(Stage.ROUTER, tensors, {"t": torch.ones(1)})
-    with pytest.raises(ValueError, match=r"tensor 'qweight' has shape \[32, 7\], expected \[V, d\]"):
-        art.write_stage(Stage.SCREEN, {**stage_data(Stage.SCREEN)[0], "qweight": torch.zeros(32, 7, dtype=torch.int8)},
-                        stage_data(Stage.SCREEN)[1])
-    assert snapshot(art.path) == before
-
-
-def test_writes_through_another_handle_are_kept(art: Artifact) -> None:
-    other = Artifact.open(art.path)
-    other.write_stage(Stage.GP, *stage_data(Stage.GP)[:2])
-    art.write_stage(Stage.ONEDECODE, *stage_data(Stage.ONEDECODE)[:2])
-    assert Artifact.open(art.path).stages == [Stage.CLUSTERS, Stage.GP, Stage.ONEDECODE]
-
-
 def test_errors_are_one_line_artifact_errors(tmp_path: Path) -> None:
     err = NotAnArtifact(tmp_path, "line one\nline two")
     assert isinstance(err, ArtifactError) and "\n" not in str(err)
@@ -402,52 +255,3 @@ def test_a_wrong_shape_for_this_model_is_a_schema_error(tmp_path: Path) -> None:
     _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
     with pytest.raises(SchemaMismatch, match=r"'row_norms' has shape \[31\], expected \[V\] with V=32"):
         Artifact.open(art.path).read_stage(Stage.SCREEN)
-
-
-def test_a_reader_with_an_old_manifest_rereads_it(art: Artifact) -> None:
-    """A reader that opened the manifest before a --force rewrite gets the new stage, not a corruption error."""
-    reader = Artifact.open(art.path)
-    writer = Artifact.open(art.path)
-    new = stage_data(Stage.CLUSTERS, seed=5)
-    writer.write_stage(Stage.CLUSTERS, *new[:2], force=True)
-    assert torch.equal(reader.read_stage(Stage.CLUSTERS)["radii"], new[0]["radii"])
-
-
-def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(art: Artifact) -> None:
-    from artifacts.atomic import LOCK_FILE
-
-    with art.writing():
-        assert (art.path / LOCK_FILE).read_text().strip() == str(os.getpid())
-        held = subprocess.run([sys.executable, "-c", (
-            "import sys, torch; from artifacts import Artifact; "
-            f"a = Artifact.open({str(art.path)!r})\n"
-            "try:\n    a.writing().__enter__()\nexcept Exception as e:\n    print(e)")],
-            capture_output=True, text=True, check=True)
-        assert f"being written by another prep run (pid {os.getpid()})" in held.stdout
-    assert not (art.path / LOCK_FILE).exists()
-    (art.path / LOCK_FILE).write_text(f"{2**22 + 1}\n")  # a pid no process can have
-    (art.path / f".tmp-{2**22 + 1}-abcd-clusters").mkdir()  # and its leftover
-    art.write_stage(Stage.SCREEN, *stage_data(Stage.SCREEN)[:2])
-    assert sorted(p.name for p in art.path.iterdir()) == ["clusters.safetensors", MANIFEST_FILE, "screen.safetensors"]
-
-
-def test_files_get_the_umask_mode(tmp_path: Path) -> None:
-    old = os.umask(0o022)
-    try:
-        art = Artifact.create(tmp_path / "art", make_model(), VERSION)
-        art.write_stage(Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS)
-    finally:
-        os.umask(old)
-    for p in art.path.iterdir():
-        assert p.stat().st_mode & 0o777 == 0o644, p.name
-
-
-def test_a_foreign_directory_with_stage_files_needs_force(tmp_path: Path) -> None:
-    out = tmp_path / "mine"
-    out.mkdir()
-    (out / "clusters.safetensors").write_bytes(b"someone else's")
-    with pytest.raises(ArtifactError, match="not a specvocab artifact but holds clusters.safetensors.*--force"):
-        Artifact.create(out, make_model(), VERSION)
-    assert sorted(p.name for p in out.iterdir()) == ["clusters.safetensors"]
-    Artifact.create(out, make_model(), VERSION, force=True).write_stage(
-        Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS, force=True)

@@ -12,6 +12,7 @@ import safetensors.torch
 import torch
 from click.testing import CliRunner
 
+from artifact_factories import VERSION, make_model
 from artifacts import Artifact
 from artifacts.format import Stage
 from prep.onedecode import build_table, evaluate
@@ -22,7 +23,6 @@ from runtime.drafters.ngram import NgramDrafter
 from runtime.drafters.onedecode import FirstProposal, OneDecodeDrafter, OneDecodeTable, tensor_name
 from runtime.sampling import SamplingParams
 from runtime.verify import Verdict
-from test_artifacts import VERSION, make_model
 
 V = 32  # make_model's vocabulary
 TOP = 8
