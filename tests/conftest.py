@@ -17,6 +17,7 @@ import torch
 from artifact_factories import CLUSTER_PARAMS, VERSION, cluster_tensors, make_model
 from artifacts import Artifact, Stage
 from factories import TINY_LLAMA, USER_CACHE, TinyHead, make_tiny_head, real_texts
+from runtime.models.cache import CACHE_ENV
 
 REAL_MODEL = "gemma3-270m"
 REAL_QWEN = "qwen2.5-coder-0.5b-instruct"
@@ -34,6 +35,14 @@ torch.set_num_threads(int(os.environ.get("SPECVOCAB_TEST_THREADS", "1")))
 def tiny_head(request) -> TinyHead:
     """A tiny random head (V=4096, d=64), once without and once with a bias."""
     return make_tiny_head(bias=request.param)
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the cache at a fresh folder so tests never touch the user's cache."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    return root
 
 
 @pytest.fixture

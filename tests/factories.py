@@ -1,4 +1,5 @@
-"""Factories the tests share: tiny random heads, tiny causal LMs per architecture, random block weights.
+"""Factories the tests share: tiny random heads, tiny causal LMs per architecture (and one saved with a
+tokenizer), random block weights.
 
 A plain module (not conftest.py) so that test files import it by one unambiguous name; the
 fixtures built on it live in conftest.py.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,6 +90,23 @@ def tiny_causal_lm(arch: str) -> torch.nn.Module:
         return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                             num_attention_heads=4, num_key_value_heads=4)).eval()
     raise ValueError(f"no tiny {arch!r} model; use one of {', '.join(TINY_ARCHS)}")
+
+
+def save_tiny_model_dir(path: Path, *, tied: bool = False) -> Path:
+    """Save a random 2-layer Llama (vocab 128, hidden 32) and a word-level tokenizer into path."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(128)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w1").save_pretrained(path)
+    return path
 
 
 def real_texts() -> list[str]:

@@ -1,4 +1,4 @@
-"""Model registry, resolution, the conversion cache, and loading."""
+"""Model registry, resolution and loading."""
 
 from __future__ import annotations
 
@@ -12,36 +12,13 @@ import pytest
 import torch
 
 from artifacts.fingerprint import ModelInfo, ModelSource, tensor_sha256, vocab_sha256
-from runtime.models import DEFAULT_MODEL, PACKAGED, ModelError, load_model, registry, resolve, resolve_model
+from factories import save_tiny_model_dir
+from runtime.models import DEFAULT_MODEL, PACKAGED, ModelError, load_model, registry, resolve_model
 from runtime.models.cache import CACHE_ENV
 from runtime.models.registry import Chunk, PackagedModel
 
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: never the user's model cache
 USER_CACHE = os.environ.get(CACHE_ENV)
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point the cache at a fresh folder so tests never touch the user's cache."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv(CACHE_ENV, str(root))
-    return root
-
-
-def _tiny_model_dir(path: Path, *, tied: bool = False) -> Path:
-    """Save a random 2-layer Llama (vocab 128, hidden 32) and a word-level tokenizer into path."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(128)}, unk_token="w0"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w1").save_pretrained(path)
-    return path
 
 
 def _fake_packaged(tmp_path: Path, contents: list[bytes], **overrides) -> tuple[PackagedModel, list[Path]]:
@@ -119,7 +96,7 @@ def test_bad_paths_say_what_is_wrong(tmp_path: Path):
 
 
 def test_load_model_from_a_tiny_hf_directory(tmp_path: Path):
-    path = _tiny_model_dir(tmp_path / "tiny")
+    path = save_tiny_model_dir(tmp_path / "tiny")
     loaded = load_model(str(path))
     assert isinstance(loaded.info, ModelInfo)
     assert (loaded.info.name, loaded.info.architecture) == ("tiny", "llama")
@@ -132,88 +109,10 @@ def test_load_model_from_a_tiny_hf_directory(tmp_path: Path):
 
 
 def test_fingerprint_does_not_depend_on_the_load_dtype(tmp_path: Path):
-    path = _tiny_model_dir(tmp_path / "tiny", tied=True)
+    path = save_tiny_model_dir(tmp_path / "tiny", tied=True)
     f32, bf16 = load_model(str(path)), load_model(str(path), dtype=torch.bfloat16)
     assert bf16.model.lm_head.weight.dtype == torch.bfloat16
     assert bf16.info == f32.info
-
-
-@pytest.fixture
-def toy_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in .gguf file (b"GGUF toy") that the structure check lets through."""
-    monkeypatch.setattr(resolve, "check_gguf", lambda path: None)
-    gguf = tmp_path / "toy.gguf"
-    gguf.write_bytes(b"GGUF toy")
-    return gguf
-
-
-def _fake_convert(fail: bool):
-    """Return a stand-in for resolve._convert that writes a model dir, or dies halfway."""
-    calls = []
-
-    def convert(gguf: Path, out: Path, log) -> dict:
-        calls.append(gguf)
-        out.mkdir()
-        (out / "config.json").write_text('{"model_type": "llama"}')
-        if fail:
-            raise RuntimeError("interrupted")  # an import that dies mid-write
-        (out / "model.safetensors").write_bytes(b"")
-        return {}
-
-    return convert, calls
-
-
-def test_gguf_conversion_is_cached_once_and_published_atomically(tmp_path: Path, toy_gguf: Path, private_cache: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch):
-    digest = hashlib.sha256(b"GGUF toy").hexdigest()
-    models = private_cache / "models"
-
-    monkeypatch.setattr(resolve, "_convert", _fake_convert(fail=True)[0])
-    with pytest.raises(RuntimeError, match="interrupted"):
-        resolve_model(str(toy_gguf), progress=False)
-    assert list(models.iterdir()) == []  # nothing half-written survives
-
-    convert, calls = _fake_convert(fail=False)
-    monkeypatch.setattr(resolve, "_convert", convert)
-    first = resolve_model(str(toy_gguf), progress=False)
-    again = resolve_model(str(toy_gguf), progress=False)
-    assert first == again and len(calls) == 1
-    assert first.path == models / f"toy-{digest[:12]}"
-    assert first.source == ModelSource("gguf", path=str(toy_gguf), gguf_sha256=digest)
-    assert first.gguf_path == toy_gguf  # the native backend reads the user's own file
-    assert sorted(p.name for p in models.iterdir()) == [first.path.name]
-    # Resolving the cached directory itself still reports where it came from.
-    assert resolve_model(str(first.path)).source == first.source
-
-
-def test_leftovers_of_killed_imports_are_removed(tmp_path: Path, toy_gguf: Path, private_cache: Path,
-                                                 monkeypatch: pytest.MonkeyPatch):
-    models = private_cache / "models"
-    stale_name = f"toy-{hashlib.sha256(b'GGUF toy').hexdigest()[:12]}"
-    # Pid 2**22 + 1 is above Linux's pid_max, so no such process can exist.
-    stale = models / f".tmp-{2**22 + 1}-{stale_name}-abc"
-    live = models / f".tmp-{os.getpid()}-{stale_name}-abc"
-    stale.mkdir(parents=True)
-    live.mkdir()
-    monkeypatch.setattr(resolve, "_convert", _fake_convert(fail=False)[0])
-    resolve_model(str(toy_gguf), progress=False)
-    assert not stale.exists() and live.exists()
-
-
-def test_progress_goes_to_stderr(tmp_path: Path, toy_gguf: Path, capsys: pytest.CaptureFixture[str],
-                                 monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(resolve, "_convert", _fake_convert(fail=False)[0])
-    resolve_model(str(toy_gguf))
-    out, err = capsys.readouterr()
-    assert out == "" and "[specvocab] toy.gguf: hashing toy.gguf: done in" in err
-
-
-def test_a_damaged_cache_entry_says_to_delete_it(tmp_path: Path, toy_gguf: Path, private_cache: Path):
-    damaged = private_cache / "models" / f"toy-{hashlib.sha256(b'GGUF toy').hexdigest()[:12]}"
-    damaged.mkdir(parents=True)
-    (damaged / "config.json").write_text('{"model_type": "llama"}')
-    with pytest.raises(ModelError, match=f"{damaged} is incomplete; delete"):
-        resolve_model(str(toy_gguf), progress=False)
 
 
 def _use_user_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,35 +148,14 @@ def test_qwen_keeps_its_separate_lm_head(monkeypatch: pytest.MonkeyPatch):
 
 def test_weights_free_load_gives_the_same_fingerprint(tmp_path: Path):
     for tied in (False, True):
-        path = _tiny_model_dir(tmp_path / f"tiny-{tied}", tied=tied)
+        path = save_tiny_model_dir(tmp_path / f"tiny-{tied}", tied=tied)
         light, full = load_model(str(path), weights=False), load_model(str(path))
         assert light.model is None and light.info == full.info
         assert light.config.vocab_size == 128 and light.tokenizer.get_vocab() == full.tokenizer.get_vocab()
 
 
-def test_a_conversion_records_its_fingerprint_and_a_weights_free_load_uses_it(tmp_path: Path, toy_gguf: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch):
-    """The native backend's load: config + tokenizer + fingerprint + .gguf, no fp32 weights read."""
-    tiny = _tiny_model_dir(tmp_path / "tiny")
-
-    def convert(src: Path, out: Path, log) -> dict:
-        import shutil
-
-        shutil.copytree(tiny, out)
-        return {"architecture": "llama", "vocab_size": 128, "hidden_size": 32, "lm_head_sha256": "a" * 64,
-                "vocab_sha256": "b" * 64}
-
-    monkeypatch.setattr(resolve, "_convert", convert)
-    light = load_model(str(toy_gguf), weights=False, progress=False)
-    assert light.model is None and light.gguf_path == toy_gguf
-    assert (light.info.lm_head_sha256, light.info.vocab_sha256) == ("a" * 64, "b" * 64)
-    # The full load recomputes the fingerprint, and a recorded one that differs means damage.
-    with pytest.raises(ModelError, match="no longer matches the fingerprint.*prep import"):
-        load_model(str(toy_gguf), progress=False)
-
-
 def test_truncated_config_is_one_line_error(tmp_path: Path):
-    path = _tiny_model_dir(tmp_path / "tiny")
+    path = save_tiny_model_dir(tmp_path / "tiny")
     text = (path / "config.json").read_text()
     (path / "config.json").write_text(text[: len(text) // 2])
     with pytest.raises(ModelError, match=r"config.json is damaged or truncated .*re-save") as err:
@@ -286,7 +164,7 @@ def test_truncated_config_is_one_line_error(tmp_path: Path):
 
 
 def test_a_pickle_beside_a_dummy_safetensors_is_never_loaded(tmp_path: Path):
-    path = _tiny_model_dir(tmp_path / "tiny")
+    path = save_tiny_model_dir(tmp_path / "tiny")
     weights = path / "model.safetensors"
     torch.save({"not": "loaded"}, path / "pytorch_model.bin")
     weights.rename(path / "other.safetensors")  # a safetensors file, but not the model's
@@ -308,7 +186,7 @@ def test_a_packaged_entry_without_its_gguf_gets_it_assembled(tmp_path: Path, pri
                                                             monkeypatch: pytest.MonkeyPatch):
     model, parts = _fake_packaged(tmp_path, [b"GGUF", b"-one"])
     entry = private_cache / "models" / model.name
-    _tiny_model_dir(entry)  # an entry published before the .gguf was kept
+    save_tiny_model_dir(entry)  # an entry published before the .gguf was kept
     monkeypatch.setitem(PACKAGED, model.name, model)
     monkeypatch.setattr(registry, "ensure_installed", lambda m, log: parts)
     resolved = resolve_model(model.name, progress=False)
