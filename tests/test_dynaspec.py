@@ -1,5 +1,5 @@
 """DynaSpec on a tiny random Llama: traces, router training (Lightning) and export, ONNX/torch
-parity, shortlist heads, and exactness of shortlisted drafters (greedy identity, sampling)."""
+parity, and exactness of shortlisted drafters (greedy identity, sampling)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,16 @@ from click.testing import CliRunner
 
 from prep.cli import main as prep_main
 from prep import recipes
-from prep.router_loss import positive_clusters, router_loss
 from prep.traces import INDEX_FILE, split_of
 from runtime.cli import main as runtime_main
 from runtime.method_builders import build_method
 from runtime.decode import generate_ar
 from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage
 from runtime.heads import FullHead
-from runtime.sampling import SamplingParams, warp
-from runtime.heads.shortlist import ShortlistHead
-from runtime.router import Router, RouterRunner, position_budget
+from runtime.sampling import SamplingParams
+from runtime.router import RouterRunner
 from runtime.session import open_session
 from runtime.speculative import generate_speculative
-from runtime.verify import verify_exact
 
 TEXTS = 80
 
@@ -75,19 +72,6 @@ def built_final(built, tmp_path_factory):
         return open_session(art, progress=False)
 
 
-def test_router_forward_shapes_and_state_roundtrip():
-    router = Router(embed_dim=12, hidden_dim=10, clusters=7, width=16).eval()
-    emb, hid = torch.randn(5, 12), torch.randn(5, 10) * 150
-    assert router(emb, hid).shape == (5, 7)
-    again = Router.from_state(router.stage_tensors())
-    assert torch.equal(again(emb, hid), router(emb, hid))
-
-
-def test_position_budget_follows_seed_001():
-    assert [position_budget(16, t) for t in range(6)] == [16, 16, 2, 2, 1, 1]
-    assert [position_budget(40, t) for t in range(5)] == [40, 40, 6, 5, 4]
-
-
 def test_traces_index_splits_and_drafter_hidden(built, tiny_model_dir):
     session, traces, corpus = built
     index = json.loads((traces / INDEX_FILE).read_text())
@@ -133,48 +117,6 @@ def test_router_stage_and_onnx_torch_parity(built):
     assert (onnx.scores(emb, hid) - torch_runner.scores(emb, hid)).abs().max() <= 1e-4
     with pytest.raises(ValueError, match="engine"):
         RouterRunner(stage.tensors, stage.onnx_path, "tensorrt")
-
-
-def test_shortlist_head_scores_only_its_clusters(tiny_head):
-    labels = torch.arange(tiny_head.weight.shape[0]) % 10
-    always = torch.tensor([0, 7])
-    head = ShortlistHead(tiny_head.weight, tiny_head.bias, labels, always)
-    head.choose([3, 4])
-    full = FullHead(tiny_head.weight, tiny_head.bias).logits(tiny_head.hidden)
-    logits = head.logits(tiny_head.hidden)
-    inside = torch.isin(labels, torch.tensor([3, 4])) | torch.isin(torch.arange(len(labels)), always)
-    assert head.size == int(inside.sum())
-    assert torch.allclose(logits[:, inside], full[:, inside], atol=1e-4)
-    assert torch.isinf(logits[:, ~inside]).all()
-    best = head.select(tiny_head.hidden, SamplingParams())
-    assert torch.equal(best, torch.where(inside, full, float("-inf")).argmax(1))
-    assert head.stats.recomputed_fraction == pytest.approx(head.size / len(labels))
-
-
-def test_shortlist_head_context_adds_the_sequence_tokens(tiny_head):
-    V = tiny_head.weight.shape[0]
-    labels = torch.arange(V) % 10
-    head = ShortlistHead(tiny_head.weight, tiny_head.bias, labels, torch.tensor([0]), context=True)
-    head.choose([3])
-    in_cluster = int(torch.nonzero(labels == 3)[0])
-    others = [int(t) for t in torch.nonzero(labels != 3).squeeze(1) if t != 0][:40]  # past the first buffer size
-    head.add_context([others[0], in_cluster, others[0]])
-    head.add_context(others)
-    inside = (labels == 3) | (torch.arange(V) == 0) | torch.isin(torch.arange(V), torch.tensor(others))
-    assert head.size == int(inside.sum())  # the in-cluster and repeated tokens count once
-    full = FullHead(tiny_head.weight, tiny_head.bias).logits(tiny_head.hidden)
-    logits = head.logits(tiny_head.hidden)
-    assert torch.allclose(logits[:, inside], full[:, inside], atol=1e-4)
-    assert torch.isinf(logits[:, ~inside]).all()
-    assert torch.equal(head.select(tiny_head.hidden, SamplingParams()), torch.where(inside, full, float("-inf")).argmax(1))
-    head.choose([4])  # the context stays across steps, the token of cluster 3 included
-    context = torch.isin(torch.arange(V), torch.tensor(others + [in_cluster]))
-    assert head.size == int(((labels == 4) | (torch.arange(V) == 0) | context).sum())
-    head.clear_context()
-    assert head.size == int(((labels == 4) | (torch.arange(V) == 0)).sum())
-    static = ShortlistHead.static(tiny_head.weight, tiny_head.bias, torch.tensor([1, 2]))
-    static.add_context(others)  # context=False: ignored
-    assert static.size == 2
 
 
 @pytest.mark.parametrize("method", ["dynaspec:layers:1:k=1", "dynaspec:layers:1:k=4:schedule=position:router=torch",
@@ -231,24 +173,6 @@ def test_routed_drafter_samples_exactly_in_the_loop(built):
     assert len(tokens) == 6
 
 
-def test_verification_repairs_a_shortlisted_q():
-    """Whatever shortlist q is confined to, modified rejection sampling returns tokens distributed as p."""
-    gen = torch.Generator().manual_seed(0)
-    V, k, n = 12, 2, 20_000
-    p = warp(torch.randn(k + 1, V, generator=gen) * 2, SamplingParams(temperature=1.0))  # [k + 1, V]
-    logits = torch.randn(k, V, generator=gen) * 2
-    logits[:, 6:] = float("-inf")  # q is zero outside a shortlist of 6 tokens, p is not
-    q = warp(logits, SamplingParams(temperature=1.0))  # [k, V]
-    counts = torch.zeros(V)
-    for _ in range(n):
-        draft = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(k)])
-        counts[verify_exact(p, q, draft, gen).tokens[0]] += 1
-    tv = 0.5 * (counts / n - p[0]).abs().sum()
-    # The sampling error of an empirical distribution on 12 outcomes at n = 20k is ~0.01 in TV.
-    assert tv < 0.03
-    assert 0.5 * (q[0] - p[0]).abs().sum() > 0.1  # q itself is far from p
-
-
 def test_router_overlap_routes_like_the_sequential_drafter(built):
     """The router in a second thread sees the same inputs: the same shortlists, step for step."""
     session, _, _ = built
@@ -272,20 +196,6 @@ def test_screen_draft_head_drafts_from_the_int8_logits(built):
     assert torch.equal(head.select(hidden, SamplingParams()), approx.argmax(1))
 
 
-def test_multilabel_positives_and_loss():
-    labels = torch.tensor([0, 0, 1, 2, 3])  # cluster per token
-    top_ids = torch.tensor([[2, 0, 4], [4, 3, 1]])
-    top_probs = torch.tensor([[0.5, 0.3, 0.01], [0.02, 0.9, 0.08]])
-    positives = positive_clusters(labels, top_ids, top_probs)
-    assert positives.tolist() == [[1, 0, -1], [3, 2, 0]]  # the top-1's cluster is kept at any probability
-    scores = torch.full((2, 4), -20.0)
-    scores[0, [0, 1]] = scores[1, [0, 2, 3]] = 20.0
-    assert router_loss("multilabel", scores, positives) < 1e-6
-    assert router_loss("ce", scores, positives) > router_loss("ce", scores.index_fill(1, torch.tensor([1, 3]), 40.0), positives)
-    with pytest.raises(ValueError, match="ce or multilabel"):
-        router_loss("focal", scores, positives)
-
-
 def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, monkeypatch):
     """prep all --with-router: traces + a multi-label router from the recipe's [router] section."""
     _, _, corpus = built
@@ -299,18 +209,3 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
     params = RouterStage.load(open_session(art, progress=False).artifact).params
     assert params["loss"] == "multilabel" and params["hidden"] == "final" and params["steps"] == 3
     assert 1400 <= sum(e["tokens"] for e in json.loads((traces / INDEX_FILE).read_text())["shards"]) <= 1500
-
-
-def test_sharegpt_bench_prompts_are_held_out_of_router_training():
-    """Bench prompts come from held-out conversations; prep traces trains only on the other splits."""
-    from itertools import islice
-
-    from runtime.data import sharegpt_conversations, sharegpt_prompts
-
-    prompts = sharegpt_prompts(4)
-    firsts = {}
-    for index, conversation in enumerate(islice(sharegpt_conversations(), 400)):
-        turn = next((t for t in conversation["conversations"] if t.get("from") == "human"), None)
-        if turn and isinstance(turn.get("value"), str):
-            firsts.setdefault(turn["value"].strip(), index)
-    assert all(split_of("sharegpt", firsts[p]) == "heldout" for p in prompts)
