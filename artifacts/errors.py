@@ -57,8 +57,8 @@ class UnknownFormatVersion(ArtifactError):
         )
 
 
-class ChecksumMismatch(ArtifactError):
-    """A stage file is missing, truncated or altered since it was written."""
+class StageProblem(ArtifactError):
+    """A stage that is there but unusable; the fix is to rebuild it (ChecksumMismatch, SchemaMismatch)."""
 
     def __init__(self, path: Path | str, stage: str, problem: str, model: str = "MODEL") -> None:
         self.path = Path(path)
@@ -67,6 +67,10 @@ class ChecksumMismatch(ArtifactError):
             f"artifact {path}, stage {stage!r}: {problem}; rebuild the stage with "
             f"`{prep_command(stage, path, model)} --force`"
         )
+
+
+class ChecksumMismatch(StageProblem):
+    """A stage file is missing, truncated or altered since it was written."""
 
 
 class MissingStage(ArtifactError):
@@ -103,16 +107,8 @@ class ModelMismatch(ArtifactError):
         )
 
 
-class SchemaMismatch(ArtifactError):
+class SchemaMismatch(StageProblem):
     """A stage's contents do not fit its schema (names, dtypes, shapes, parameters)."""
-
-    def __init__(self, path: Path | str, stage: str, problem: str, model: str = "MODEL") -> None:
-        self.path = Path(path)
-        self.stage = stage
-        super().__init__(
-            f"artifact {path}, stage {stage!r}: {problem}; rebuild the stage with "
-            f"`{prep_command(stage, path, model)} --force`"
-        )
 
 
 class ArtifactLocked(ArtifactError):
