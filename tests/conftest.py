@@ -112,28 +112,39 @@ def real_gemma():
     return load_from_user_cache(REAL_MODEL)
 
 
-@pytest.fixture(scope="session")
-def gemma_artifact(real_gemma, tmp_path_factory):
-    """A gemma3-270m artifact with both head stages, built once with the prep.stages functions."""
-    from artifacts import Artifact
+def head_source(loaded, tmp_path_factory, name: str):
+    """A new artifact for a loaded real model in a fresh temporary folder, ready for the prep.stages writers."""
     from prep import stages
 
-    path = tmp_path_factory.mktemp("gemma-art") / "art"
-    source = stages.HeadSource(real_gemma, Artifact.create(path, real_gemma.info, stages.created_by()))
-    stages.write_clusters(source, REAL_CLUSTERS, REAL_ITERATIONS, top_m=3, seed=0, force=False)
-    stages.write_screen(source, group_size=None, force=False)
-    return Artifact.open(path)
+    path = tmp_path_factory.mktemp(name) / "art"
+    return stages.HeadSource(loaded, Artifact.create(path, loaded.info, stages.created_by()))
 
 
-@pytest.fixture(scope="session")
-def gemma_session(real_gemma, gemma_artifact):
-    """A runtime Session over the real model and its artifact (without loading the model twice)."""
+def session_over(loaded, artifact):
+    """A runtime Session over a loaded real model and its artifact (without loading the model twice)."""
     from runtime.backends import reload_target
     from runtime.backends.lean import model_eos_ids
     from runtime.session import Session
 
-    target = reload_target(real_gemma, "auto", model_eos_ids(real_gemma.model, real_gemma.tokenizer))  # the default backend: native
-    return Session(gemma_artifact, real_gemma, target)
+    target = reload_target(loaded, "auto", model_eos_ids(loaded.model, loaded.tokenizer))  # the default backend: native
+    return Session(artifact, loaded, target)
+
+
+@pytest.fixture(scope="session")
+def gemma_artifact(real_gemma, tmp_path_factory):
+    """A gemma3-270m artifact with both head stages, built once with the prep.stages functions."""
+    from prep import stages
+
+    source = head_source(real_gemma, tmp_path_factory, "gemma-art")
+    stages.write_clusters(source, REAL_CLUSTERS, REAL_ITERATIONS, top_m=3, seed=0, force=False)
+    stages.write_screen(source, group_size=None, force=False)
+    return Artifact.open(source.artifact.path)
+
+
+@pytest.fixture(scope="session")
+def gemma_session(real_gemma, gemma_artifact):
+    """A runtime Session over the real model and its artifact."""
+    return session_over(real_gemma, gemma_artifact)
 
 
 @pytest.fixture(scope="session")
@@ -145,17 +156,11 @@ def real_qwen():
 @pytest.fixture(scope="session")
 def qwen_session(real_qwen, tmp_path_factory):
     """A runtime Session over qwen2.5-coder with an artifact holding the screen stage only (seconds to build)."""
-    from artifacts import Artifact
     from prep import stages
-    from runtime.backends import reload_target
-    from runtime.backends.lean import model_eos_ids
-    from runtime.session import Session
 
-    path = tmp_path_factory.mktemp("qwen-art") / "art"
-    source = stages.HeadSource(real_qwen, Artifact.create(path, real_qwen.info, stages.created_by()))
+    source = head_source(real_qwen, tmp_path_factory, "qwen-art")
     stages.write_screen(source, group_size=None, force=False)
-    target = reload_target(real_qwen, "auto", model_eos_ids(real_qwen.model, real_qwen.tokenizer))  # the default backend: native
-    return Session(Artifact.open(path), real_qwen, target)
+    return session_over(real_qwen, Artifact.open(source.artifact.path))
 
 
 @pytest.fixture(scope="session")
