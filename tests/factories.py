@@ -109,6 +109,20 @@ def save_tiny_model_dir(path: Path, *, tied: bool = False) -> Path:
     return path
 
 
+def tiny_artifact(model_dir: Path, root: Path) -> Path:
+    """`prep cluster` (8 clusters) of a tiny model into root/art, with the model cache in root/cache."""
+    from click.testing import CliRunner
+
+    from prep.cli import main as prep_main
+
+    out = root / "art"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+        result = CliRunner().invoke(prep_main, ["cluster", str(model_dir), "-o", str(out), "--clusters", "8"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def real_texts() -> list[str]:
     """Code and chat texts, interleaved, to run the real model over."""
     from runtime.data import humaneval_prompts, sharegpt_prompts

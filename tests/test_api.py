@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from click.testing import CliRunner
 
+from factories import tiny_artifact
 from runtime import api
 from runtime.decode import generate_ar
 from runtime.sampling import SamplingParams
@@ -13,12 +13,9 @@ from runtime.sampling import SamplingParams
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    from prep.cli import main as prep_main
-
-    out = tmp_path_factory.mktemp("api") / "art"
+    out = tiny_artifact(tiny_model_dir, tmp_path_factory.mktemp("api"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
-        assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"]).exit_code == 0
         return api.load(out, progress=False)
 
 

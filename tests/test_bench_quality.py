@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from factories import tiny_artifact
 from runtime import api
 from runtime.bench import energy
 from runtime.bench.energy import EnergyMeter
@@ -34,13 +35,9 @@ def no_counters(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    from prep.cli import main as prep_main
-
-    out = tmp_path_factory.mktemp("quality") / "art"
+    out = tiny_artifact(tiny_model_dir, tmp_path_factory.mktemp("quality"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
-        result = CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"])
-        assert result.exit_code == 0, result.output
         return api.load(out, progress=False)
 
 

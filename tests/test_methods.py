@@ -11,6 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from factories import tiny_artifact
 from runtime.drafters import DRAFTERS
 from runtime.methods import METHODS, canonical, methods_help, parse_method
 
@@ -59,13 +60,7 @@ def test_bad_names_are_one_line_errors_naming_the_fix(name, fragment):
 
 @pytest.fixture(scope="module")
 def artifact(tiny_model_dir, tmp_path_factory) -> Path:
-    from prep.cli import main as prep_main
-
-    out = tmp_path_factory.mktemp("methods") / "art"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
-        assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"]).exit_code == 0
-    return out
+    return tiny_artifact(tiny_model_dir, tmp_path_factory.mktemp("methods"))
 
 
 def test_generate_decodes_what_bench_decodes_for_every_runnable_method(artifact, tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from factories import tiny_artifact
 from runtime.backends.lean import lean_target
 from runtime.decode import generate_ar
 from runtime.drafters import Int8Drafter, LayerDrafter
@@ -162,13 +163,7 @@ def test_sampling_end_to_end_follows_the_target(target) -> None:
 
 @pytest.fixture(scope="module")
 def artifact(tiny_model_dir, tmp_path_factory):
-    from prep.cli import main as prep_main
-
-    out = tmp_path_factory.mktemp("swarm") / "art"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
-        assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(out), "--clusters", "8"]).exit_code == 0
-    return out
+    return tiny_artifact(tiny_model_dir, tmp_path_factory.mktemp("swarm"))
 
 
 def test_generate_and_bench_accept_the_tree_methods(artifact, tmp_path, monkeypatch) -> None:
