@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from factories import tiny_artifact
 from runtime.decode import generate_ar
 from runtime.drafters import ModelDrafter, build_drafter
 from runtime.drafters.model import head_in_target_space
@@ -133,13 +134,10 @@ def test_cli_generate_and_bench_with_a_model_drafter(tiny_model_dir, tiny_draft_
     with one error line; bench spec:model:PATH is identical to greedy ar."""
     from click.testing import CliRunner
 
-    from prep.cli import main as prep_main
     from runtime.cli import main as runtime_main
 
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
-    art = tmp_path / "art"
-    built = CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(art), "--clusters", "8"])
-    assert built.exit_code == 0, built.output
+    art = tiny_artifact(tiny_model_dir, tmp_path)
 
     def invoke(*args) -> str:
         result = CliRunner().invoke(runtime_main, [str(a) for a in args])

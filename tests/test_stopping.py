@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from factories import tiny_artifact
 from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter
 from runtime.heads import FullHead
@@ -99,13 +100,10 @@ def test_generate_cli_stops_at_the_stop_text(tiny_model_dir, tmp_path, monkeypat
     """`runtime generate --stop` ends the printed text at the stop text, plain and speculative alike."""
     from click.testing import CliRunner
 
-    from prep.cli import main as prep_main
     from runtime.cli import main as runtime_main
 
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
-    art = tmp_path / "art"
-    built = CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(art), "--clusters", "8"])
-    assert built.exit_code == 0, built.output
+    art = tiny_artifact(tiny_model_dir, tmp_path)
 
     def generate(*extra) -> str:
         result = CliRunner().invoke(runtime_main, ["generate", str(art), "--method", "ar", "--prompt", "w5 w6 w7 w8",
