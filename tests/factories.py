@@ -123,6 +123,16 @@ def tiny_artifact(model_dir: Path, root: Path) -> Path:
     return out
 
 
+def tiny_engine(model_dir: Path, root: Path):
+    """tiny_artifact opened with runtime.api.load (the model cache in root/cache)."""
+    from runtime import api
+
+    out = tiny_artifact(model_dir, root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+        return api.load(out, progress=False)
+
+
 def real_texts() -> list[str]:
     """Code and chat texts, interleaved, to run the real model over."""
     from runtime.data import humaneval_prompts, sharegpt_prompts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from factories import tiny_artifact
+from factories import tiny_engine
 from runtime import api
 from runtime.decode import generate_ar
 from runtime.sampling import SamplingParams
@@ -13,10 +13,7 @@ from runtime.sampling import SamplingParams
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    out = tiny_artifact(tiny_model_dir, tmp_path_factory.mktemp("api"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
-        return api.load(out, progress=False)
+    return tiny_engine(tiny_model_dir, tmp_path_factory.mktemp("api"))
 
 
 def test_generate_streams_the_tokens_plain_decoding_gives(engine):

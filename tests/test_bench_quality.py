@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from factories import tiny_artifact
+from factories import tiny_engine
 from runtime import api
 from runtime.bench import energy
 from runtime.bench.energy import EnergyMeter
@@ -35,10 +35,7 @@ def no_counters(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    out = tiny_artifact(tiny_model_dir, tmp_path_factory.mktemp("quality"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECVOCAB_CACHE", str(out.parent / "cache"))
-        return api.load(out, progress=False)
+    return tiny_engine(tiny_model_dir, tmp_path_factory.mktemp("quality"))
 
 
 # --- perplexity -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from prep.cli import main as prep_main
+from factories import tiny_artifact
 from runtime.cli import main as runtime_main
 
 # The tiny tokenizer is word-level: the template joins the turns and ends with a generation prompt.
@@ -38,12 +38,7 @@ def artifact(tiny_model_dir: Path, tmp_path_factory) -> Path:
     config = json.loads(config_path.read_text())
     config["chat_template"] = CHAT_TEMPLATE
     config_path.write_text(json.dumps(config))
-    out = root / "art"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
-        result = CliRunner().invoke(prep_main, ["cluster", str(model), "-o", str(out), "--clusters", "8"])
-    assert result.exit_code == 0, result.output
-    return out
+    return tiny_artifact(model, root)
 
 
 def generate(artifact: Path, *extra) -> Result:
