@@ -48,7 +48,7 @@ def quantize_int8(weight: torch.Tensor, group_size: int, progress: bool = False)
     return {"qweight": qweight, "scales": scales, **norms}
 
 
-def choose_group_size(weight: torch.Tensor, progress: bool = False) -> tuple[int, dict[str, float]]:
+def choose_group_size(weight: torch.Tensor) -> tuple[int, dict[str, float]]:
     """Measure the mean row error of each layout on a sample of rows and pick one (0 = per row)."""
     sample = weight[torch.randperm(weight.shape[0], generator=torch.Generator().manual_seed(0))[:_CHUNK]]
     errors = {}
@@ -73,7 +73,7 @@ def build_screen(weight: torch.Tensor, group_size: int | None = None, progress: 
     """Tensors and params of stage `screen`; group_size None = measure and choose."""
     measured: dict[str, float] = {}
     if group_size is None:
-        group_size, measured = choose_group_size(weight, progress)
+        group_size, measured = choose_group_size(weight)
     tensors = quantize_int8(weight, group_size, progress)
     params = {
         "scheme": "int8_symmetric",

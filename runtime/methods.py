@@ -73,7 +73,8 @@ def loop_options(args: list[str]) -> tuple[list[str], dict]:
     return rest, loop
 
 
-def _no_arguments(name: str, args: list[str], head: str | None) -> None:
+def _refuse_csv_suffix(name: str, head: str | None) -> None:
+    """ValueError for a +csv suffix on a method that takes none."""
     if head is not None:
         raise ValueError(f"+csv applies to drafting methods (spec, dynaspec, frspec), not to {name}; use csv for "
                          "the certified head alone")
@@ -83,7 +84,7 @@ def _ar(args: list[str], head: str | None) -> MethodSpec:
     """ar, or ar:BACKEND: plain decoding on another backend of the same model (a same-run reference)."""
     from runtime.backends import BACKENDS
 
-    _no_arguments("ar", args, head)
+    _refuse_csv_suffix("ar", head)
     backends = [b for b in BACKENDS if b != "auto"]
     if len(args) > 1 or (args and args[0] not in backends):
         raise ValueError(f"method 'ar' takes no argument or a backend ({', '.join('ar:' + b for b in backends)}), "
@@ -92,7 +93,7 @@ def _ar(args: list[str], head: str | None) -> MethodSpec:
 
 
 def _csv(args: list[str], head: str | None) -> MethodSpec:
-    _no_arguments("csv", args, head)
+    _refuse_csv_suffix("csv", head)
     bound = args[0] if args else "screen"
     if len(args) > 1 or f"csv:{bound}" not in HEADS:
         raise ValueError(f"method 'csv' takes one bound: csv:screen or csv:cluster, not csv:{':'.join(args)}")
@@ -112,7 +113,7 @@ def _spec(args: list[str], head: str | None, name: str = "spec") -> MethodSpec:
 
 
 def _screenspec(args: list[str], head: str | None) -> MethodSpec:
-    _no_arguments("screenspec", args, head)
+    _refuse_csv_suffix("screenspec", head)
     rest, loop = loop_options(args)
     if len(rest) != 2 or rest[0] != "layers" or not rest[1].isdigit() or not loop.get("verifier", True):
         raise ValueError("screenspec takes a layers:N drafter and gamma=G, adaptive, e.g. screenspec:layers:16 "
@@ -216,7 +217,7 @@ register_method(MethodEntry("mjsd", _mjsd, _builder("mjsd"),
 
 
 def _llamacpp(args: list[str], head: str | None) -> MethodSpec:
-    _no_arguments("llamacpp", args, head)
+    _refuse_csv_suffix("llamacpp", head)
     if args:
         raise ValueError(f"method 'llamacpp' takes no argument, not llamacpp:{':'.join(args)}")
     return MethodSpec("llamacpp")
