@@ -84,57 +84,37 @@ struct Q8_0 {  // d (f16), 32 x int8: w = q * d
 };
 
 // The 4- and 5-bit formats: a block's values as simd::Affine (a table on AVX-512), built in prepare.
-struct Q4_0 {  // d, 16 bytes of nibbles (low: elements 0..15, high: 16..31): w = d * (q - 8)
-  static constexpr int kType = 2;
-  static constexpr int64_t kQK = 32, kBytes = 18;
+// Q4_0, Q4_1, Q5_0, Q5_1: d (f16), then m (f16; the _1 types), then qh (4 bytes; the 5-bit types:
+// bit i of the 32 bits is bit 4 of element i), then 16 bytes of nibbles (low: elements 0..15,
+// high: 16..31). _0: w = d * (q - 2^(bits - 1)); _1: w = d * q + m (two roundings).
+template <int kBits, bool kMin, int kTypeId>
+struct Legacy {
+  static constexpr int kType = kTypeId;
+  static constexpr int kHigh = kMin ? 4 : 2;                      // byte offset of qh
+  static constexpr int kNibbles = kHigh + (kBits == 5 ? 4 : 0);  // byte offset of the nibbles
+  static constexpr int kOffset = kMin ? 0 : 1 << (kBits - 1);
+  static constexpr int64_t kQK = 32, kBytes = kNibbles + 16;
   static constexpr bool kElementwise = false;
-  using State = Affine<4, 8, 0>;
-  static inline State prepare(const uint8_t* b) { return affine<4, 8, 0>(set1(f16(b))); }
+  using State = Affine<kBits, kOffset, kMin ? 1 : 0>;
+  static inline State prepare(const uint8_t* b) {
+    if constexpr (kMin) return affine<kBits, 0, 1>(set1(f16(b)), set1(f16(b + 2)));
+    else return affine<kBits, kOffset, 0>(set1(f16(b)));
+  }
   static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
-    const I q = load_u8(b + 2);
-    w0 = lookup(s, q);
-    w1 = lookup(s, srl(q, 4));
+    const I q = load_u8(b + kNibbles);
+    if constexpr (kBits == 4) {
+      w0 = lookup(s, q);
+      w1 = lookup(s, srl(q, 4));
+    } else {
+      w0 = lookup(s, q, b + kHigh);
+      w1 = lookup(s, srl(q, 4), b + kHigh + 2);
+    }
   }
 };
-
-struct Q4_1 {  // d, m, nibbles: w = d * q + m (two roundings)
-  static constexpr int kType = 3;
-  static constexpr int64_t kQK = 32, kBytes = 20;
-  static constexpr bool kElementwise = false;
-  using State = Affine<4, 0, 1>;
-  static inline State prepare(const uint8_t* b) { return affine<4, 0, 1>(set1(f16(b)), set1(f16(b + 2))); }
-  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
-    const I q = load_u8(b + 4);
-    w0 = lookup(s, q);
-    w1 = lookup(s, srl(q, 4));
-  }
-};
-
-struct Q5_0 {  // d, qh, nibbles: w = d * (q - 16); bit i of the 32 bits qh is bit 4 of element i
-  static constexpr int kType = 6;
-  static constexpr int64_t kQK = 32, kBytes = 22;
-  static constexpr bool kElementwise = false;
-  using State = Affine<5, 16, 0>;
-  static inline State prepare(const uint8_t* b) { return affine<5, 16, 0>(set1(f16(b))); }
-  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
-    const I q = load_u8(b + 6);
-    w0 = lookup(s, q, b + 2);
-    w1 = lookup(s, srl(q, 4), b + 4);
-  }
-};
-
-struct Q5_1 {  // d, m, qh, nibbles: w = d * q + m
-  static constexpr int kType = 7;
-  static constexpr int64_t kQK = 32, kBytes = 24;
-  static constexpr bool kElementwise = false;
-  using State = Affine<5, 0, 1>;
-  static inline State prepare(const uint8_t* b) { return affine<5, 0, 1>(set1(f16(b)), set1(f16(b + 2))); }
-  static inline void chunk(const State& s, const uint8_t* b, int, V& w0, V& w1) {
-    const I q = load_u8(b + 8);
-    w0 = lookup(s, q, b + 4);
-    w1 = lookup(s, srl(q, 4), b + 6);
-  }
-};
+using Q4_0 = Legacy<4, false, 2>;
+using Q4_1 = Legacy<4, true, 3>;
+using Q5_0 = Legacy<5, false, 6>;
+using Q5_1 = Legacy<5, true, 7>;
 
 // a shifted so that its bit `from` lands at bit `to` (the other bits move with it).
 inline I move_bit(I a, int from, int to) { return from > to ? srl(a, from - to) : from < to ? shl(a, to - from) : a; }
@@ -169,35 +149,31 @@ inline void nibbles_k(const uint8_t* qs, int c, I& a, I& b) {
   b = c & 1 ? srl(qb, 4) : qb;
 }
 
-struct Q4_K {  // d, dmin, 12 bytes of scales, 128 bytes of nibbles; 8 sub-blocks of 32: w = fl(d*sc) * q - fl(dmin*m)
-  static constexpr int kType = 12;
-  static constexpr int64_t kQK = 256, kBytes = 144;
+// Q4_K: d, dmin, 12 bytes of scales, 128 bytes of nibbles; 8 sub-blocks of 32: w = fl(d*sc) * q - fl(dmin*m).
+// Q5_K: the same plus 32 bytes qh at byte 16 (bit c of qh[j] is bit 4 of element j of sub-block c).
+template <int kBits, int kTypeId>
+struct SuperK {
+  static constexpr int kType = kTypeId;
+  static constexpr int kNibbles = kBits == 4 ? 16 : 48;  // byte offset of the nibbles
+  static constexpr int64_t kQK = 256, kBytes = kNibbles + 128;
   static constexpr bool kElementwise = false;
   using State = ScalesK4;
   static inline State prepare(const uint8_t* b) { return scales_k4(b); }
   static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
-    const auto t = affine<4, 0, -1>(s.sc(c), s.mn(c));
+    const auto t = affine<kBits, 0, -1>(s.sc(c), s.mn(c));
     I a, q;
-    nibbles_k(b + 16, c, a, q);
-    w0 = lookup(t, a);
-    w1 = lookup(t, q);
+    nibbles_k(b + kNibbles, c, a, q);
+    if constexpr (kBits == 4) {
+      w0 = lookup(t, a);
+      w1 = lookup(t, q);
+    } else {
+      w0 = lookup(t, a, move_bit(load_u8(b + 16), c, 4));
+      w1 = lookup(t, q, move_bit(load_u8(b + 32), c, 4));
+    }
   }
 };
-
-struct Q5_K {  // Q4_K plus 32 bytes qh at byte 16: bit c of qh[j] is bit 4 of element j of sub-block c
-  static constexpr int kType = 13;
-  static constexpr int64_t kQK = 256, kBytes = 176;
-  static constexpr bool kElementwise = false;
-  using State = ScalesK4;
-  static inline State prepare(const uint8_t* b) { return scales_k4(b); }
-  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
-    const auto t = affine<5, 0, -1>(s.sc(c), s.mn(c));
-    I a, q;
-    nibbles_k(b + 48, c, a, q);
-    w0 = lookup(t, a, move_bit(load_u8(b + 16), c, 4));
-    w1 = lookup(t, q, move_bit(load_u8(b + 32), c, 4));
-  }
-};
+using Q4_K = SuperK<4, 12>;
+using Q5_K = SuperK<5, 13>;
 
 // Q6_K's 16 group scales fl(d * sc) times 2^-26 (exact: a power of two, and fl(d * sc) is 0 or
 // at least 2^-24 in magnitude): chunks multiply them by (q - 32) * 2^26, the quant in the top 6
