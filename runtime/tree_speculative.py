@@ -122,22 +122,51 @@ def score_tree(target: TargetModel, cache, last: int, tree: TokenTree) -> torch.
     return target.forward_tree(torch.cat([torch.tensor([last]), tree.tokens]), parents, cache)
 
 
+class GreedyRows:
+    """The target's greedy token per tree row (0: the root, i + 1: node i), scored when the walk asks.
+
+    Asked for a row, the head scores it together with its first-child chain (the drafter's top-1
+    continuation, the walk's likeliest way down) in one call, so a greedy walk costs head rows for
+    the path it takes, not for every node. The rows of a call lie on one path, in position order,
+    so the EOS-guarded ones lead as select_allowed expects; at most SKINNY_MAX_ROWS per call, so
+    every row gets the bits a one-token step gets.
+    """
+
+    def __init__(self, head, hidden: torch.Tensor, tree: TokenTree, params: SamplingParams, ban: TokenBan,
+                 start: int) -> None:
+        self.head, self.hidden, self.params, self.ban = head, hidden, params, ban  # hidden [N + 1, d]
+        self.positions = [start] + (start + tree.depths()).tolist()  # [N + 1]
+        self.first_child: dict[int, int] = {}
+        for node, parent in enumerate(tree.parents.tolist()):
+            self.first_child.setdefault(parent + 1, node + 1)
+        self.chosen: dict[int, int] = {}
+
+    def __getitem__(self, row: int) -> int:
+        if row not in self.chosen:
+            rows = [row]
+            while rows[-1] in self.first_child and len(rows) < SKINNY_MAX_ROWS:
+                rows.append(self.first_child[rows[-1]])
+            guarded = sum(self.positions[r] < self.ban.until for r in rows) if self.ban.ids else 0
+            tokens = select_allowed(self.head, self.hidden[rows], self.params, None, self.ban.ids, guarded)  # [len(rows)]
+            self.chosen.update(zip(rows, tokens.tolist()))
+        return self.chosen[row]
+
+
 def verify_scored_tree(head, hidden: torch.Tensor, tree: TokenTree, params: SamplingParams,
                        generator: torch.Generator | None, ban: TokenBan, start: int) -> TreeVerdict:
     """Greedy or exact verification of a tree from its target hidden states [N + 1, d].
 
-    The EOS guard covers rows by position (row 0 at `start`, node i's row at start + depth(i)): the
-    rows go to the head in position order, so the guarded ones lead as select_allowed expects, and
-    in chunks of SKINNY_MAX_ROWS, so every row's logits are the bits a one-token step gets.
+    Greedy scores only the rows its walk reaches (GreedyRows). Sampling scores every row: the EOS
+    guard covers rows by position (row 0 at `start`, node i's row at start + depth(i)), so the rows
+    go to the head in position order, the guarded ones leading as select_allowed expects, and in
+    chunks of SKINNY_MAX_ROWS, so every row's logits are the bits a one-token step gets.
     """
+    if params.greedy:
+        return verify_tree_greedy(tree, GreedyRows(head, hidden, tree, params, ban, start))
     positions = torch.cat([torch.tensor([start]), start + tree.depths()])  # [N + 1]
     order = torch.argsort(positions, stable=True)
     guarded = int((positions < ban.until).sum()) if ban.ids else 0
     chunks = list(zip(range(0, order.numel(), SKINNY_MAX_ROWS), hidden[order].split(SKINNY_MAX_ROWS)))
-    if params.greedy:
-        chosen = torch.cat([select_allowed(head, rows, params, None, ban.ids, max(guarded - offset, 0))
-                            for offset, rows in chunks])  # [N + 1], position order
-        return verify_tree_greedy(tree, chosen[torch.argsort(order)])
     p = torch.cat([warp(mask_banned(head.logits(rows), ban.ids, max(guarded - offset, 0)), params)
                    for offset, rows in chunks])  # [N + 1, V], position order
     return verify_tree_exact(tree, p[torch.argsort(order)], generator)

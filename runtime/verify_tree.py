@@ -48,20 +48,20 @@ def _verdict(tree: TokenTree, path: list[int], last: int, kids: dict[int, list[i
     return TreeVerdict(tree.size, len(path), tokens + [last], tuple(path), end not in kids)
 
 
-def verify_tree_greedy(tree: TokenTree, target_tokens: torch.Tensor) -> TreeVerdict:
+def verify_tree_greedy(tree: TokenTree, target_tokens) -> TreeVerdict:
     """Follow the target's choices down the tree as far as a child matches, then the target's token.
 
-    target_tokens: [N + 1] the target's greedy token at the root (row 0) and after each node (row i + 1).
+    target_tokens: the target's greedy token at the root (row 0) and after each node (row i + 1),
+    indexable by row: a tensor [N + 1], or a scorer that computes a row when the walk asks for it.
     The walk finds the longest root-to-leaf path prefix equal to the target's own greedy tokens; as
     siblings hold distinct tokens, at most one child can match at each step.
     """
     kids = tree.children()
-    choice = target_tokens.tolist()
     tokens = tree.tokens.tolist()
     path: list[int] = []
     node = ROOT
     while True:
-        want = choice[node + 1]
+        want = int(target_tokens[node + 1])
         match = next((c for c in kids.get(node, []) if tokens[c] == want), None)
         if match is None:
             return _verdict(tree, path, want, kids)
