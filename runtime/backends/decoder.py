@@ -214,7 +214,16 @@ class Decoder:
         return self.norm(x)
 
     def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, rows: _Rows) -> torch.Tensor:
-        """One decoder layer over x [T, d] (the tokens or tree nodes `rows`); returns the new residual [T, d]."""
+        """One decoder layer over x [T, d] (the tokens or tree nodes `rows`); returns the new residual [T, d].
+
+        Up to SKINNY_MAX_ROWS rows take the layer's compiled plan when it has one: the same calls
+        below, in the same order, in one crossing into C++ (the same bits).
+        """
+        plan = layer.plan(self.num_heads, self.kv_heads, self.head_dim) if x.shape[0] <= SKINNY_MAX_ROWS else None
+        if plan is not None:
+            cos, sin = self._rotary[layer.rope]
+            return plan.forward(x, cache.keys[index], cache.values[index], rows.positions, *rows.keys(layer.window),
+                                rows.start, cos, sin)
         attended = self._attention(layer, layer.input_norm(x), cache, index, rows)  # [T, d]
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)

@@ -6,12 +6,15 @@ GGUF file's blocks; runtime.backends.decoder runs them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from gguf import GGMLQuantizationType
 
-from runtime.kernels import linear, rms_norm
+from runtime.kernels import QuantMatrix, linear, rms_norm
+from runtime.kernels.build import active
 
 SUPPORTED_TYPES = ("gemma3_text", "qwen2", "llama")
 PROJECTIONS = ("qkv", "o", "gate_up", "down")  # the DecoderLayer fields a drafter may transform
@@ -21,8 +24,16 @@ class UnsupportedModel(ValueError):
     """The decoder ladder does not implement this architecture."""
 
 
+class KernelProjection:
+    """A projection the skinny kernel computes for a few rows: block (or fp32) matrices side by side, then a bias."""
+
+    def kernel_parts(self) -> tuple[list[QuantMatrix], torch.Tensor | None] | None:
+        """(matrices, bias [out] or None) that give this projection's bits for up to SKINNY_MAX_ROWS rows, or None."""
+        raise NotImplementedError
+
+
 @dataclass
-class Projection:
+class Projection(KernelProjection):
     """y = x W^T + b through runtime.kernels.linear (W: fp32 [out, in] or a QuantMatrix)."""
 
     weight: object  # [out, in]
@@ -34,6 +45,15 @@ class Projection:
     def dense(self) -> torch.Tensor:
         """The fp32 weight [out, in] (what a drafter's int8 or low-rank copy is made from)."""
         return self.weight
+
+    def kernel_parts(self) -> tuple[list[QuantMatrix], torch.Tensor | None] | None:
+        """The weight as one matrix (an fp32 one viewed as F32 rows): what linear() streams, when it does."""
+        w = self.weight
+        if isinstance(w, QuantMatrix):
+            return [w], self.bias
+        if w.dtype != torch.float32 or w.dim() != 2 or not w.is_contiguous() or w.requires_grad:
+            return None  # linear() takes torch's GEMM for these
+        return [QuantMatrix(w.view(torch.uint8), GGMLQuantizationType.F32, w.shape[0], w.shape[1])], self.bias
 
 
 @dataclass
@@ -79,6 +99,46 @@ class DecoderLayer:
     scaling: float
     window: int | None  # sliding-window length, None for full attention
     rope: str  # key into the rotary tables
+    # The compiled one-call layer (layer_plan): None until first asked for, False where there is none.
+    compiled: object = field(default=None, init=False, repr=False, compare=False)
+
+    def plan(self, heads: int, kv_heads: int, head_dim: int):
+        """This layer as one compiled call (runtime/kernels/layer_plan.h) over up to SKINNY_MAX_ROWS rows,
+        or None: no compiled kernels, or a projection or activation it does not compute (a drafter's
+        int8 or low-rank projections take the step-by-step path)."""
+        if self.compiled is None:
+            self.compiled = _layer_plan(self, heads, kv_heads, head_dim) or False
+        return self.compiled or None
+
+
+_NO_TENSOR = torch.empty(0)
+
+
+def activation_kind(module: torch.nn.Module) -> str | None:
+    """'silu' or 'gelu_tanh' when the module computes exactly F.silu / F.gelu(approximate='tanh'), else None."""
+    if isinstance(module, torch.nn.SiLU) or type(module).__qualname__ == "SiLUActivation":
+        return "silu"
+    act = getattr(module, "act", None)
+    if isinstance(act, functools.partial) and act.func is torch.nn.functional.gelu and act.keywords == {"approximate": "tanh"}:
+        return "gelu_tanh"
+    return None
+
+
+def _layer_plan(layer: DecoderLayer, heads: int, kv_heads: int, head_dim: int):
+    ext, kind = active()[1], activation_kind(layer.activation)
+    projections = [getattr(layer, name) for name in PROJECTIONS]
+    if ext is None or kind is None or not all(isinstance(p, KernelProjection) for p in projections):
+        return None
+    parts = [p.kernel_parts() for p in projections]
+    if any(part is None for part in parts):
+        return None
+    norms = [layer.input_norm, layer.q_norm, layer.k_norm, layer.post_attention_norm, layer.pre_mlp_norm, layer.post_mlp_norm]
+    return ext.LayerPlan(
+        [n.factor if n is not None else _NO_TENSOR for n in norms], [n.eps if n is not None else 0.0 for n in norms],
+        [[w.data for w in matrices] for matrices, _ in parts], [[int(w.ggml_type) for w in matrices] for matrices, _ in parts],
+        [matrices[0].cols for matrices, _ in parts], [bias if bias is not None else _NO_TENSOR for _, bias in parts],
+        heads, kv_heads, head_dim, float(layer.scaling), kind,
+    )
 
 
 def layer_type(config, index: int) -> str:

@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from runtime.backends.decoder import Decoder
-from runtime.backends.layers import DecoderLayer, RMSNorm, UnsupportedModel, check_supported, layer_type
+from runtime.backends.layers import DecoderLayer, KernelProjection, RMSNorm, UnsupportedModel, check_supported, layer_type
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
 from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, quant_linear_parts, take_rows
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, type_name
 
 
-class NativeProjection:
+class NativeProjection(KernelProjection):
     """y = x Wᵀ + b over one or more GGUF matrices whose outputs sit side by side (q/k/v, gate/up).
 
     For up to SKINNY_MAX_ROWS rows one kernel call fills the output from every part's blocks
@@ -48,6 +48,10 @@ class NativeProjection:
         """The fp32 weight [out, in] the lean backend holds for this projection."""
         rows = [dequantize(w) for w in self.parts]
         return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def kernel_parts(self) -> tuple[list[QuantMatrix], torch.Tensor | None]:
+        """The GGUF matrices and the bias: what one kernel call takes for up to SKINNY_MAX_ROWS rows."""
+        return self.parts, self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > SKINNY_MAX_ROWS:

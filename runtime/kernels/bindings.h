@@ -1,6 +1,6 @@
 // The torch entry points of one path's module: checks, ggml-type dispatch, threads (gemm.h does the math).
 //
-// Include after simd_*.h, blocks.h and gemm.h (it brings in layer_ops.h).
+// Include after simd_*.h, blocks.h and gemm.h (it brings in layer_ops.h and layer_plan.h).
 #pragma once
 
 #include <torch/extension.h>
@@ -113,6 +113,8 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
 }  // namespace gemm
 }  // namespace
 
+#include "layer_plan.h"  // uses gemm::quant_linear_parts above
+
 // The functions every path's module defines.
 #define SPECVOCAB_DEFINE_GEMM(m)                                                                              \
   m.attr("path") = simd::kPath;                                                                               \
@@ -122,4 +124,9 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
   m.def("rms_norm", &ops::rms_norm, "RMSNorm of each row, the mean's sum in the fixed order");               \
   m.def("prepare_qkv", &ops::prepare_qkv, "q/k norm and rotary in place, k and v written to the cache");   \
   m.def("attend", &ops::attend, "attention of single queries over the cached keys each sees");                \
-  m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix")
+  m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix");                \
+  pybind11::class_<plan::LayerPlan>(m, "LayerPlan")                                                           \
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<std::vector<torch::Tensor>>, \
+                          std::vector<std::vector<int64_t>>, std::vector<int64_t>, std::vector<torch::Tensor>, int64_t, \
+                          int64_t, int64_t, double, std::string>())                                           \
+      .def("forward", &plan::LayerPlan::forward, "one decoder layer over a few rows: the new residual")
