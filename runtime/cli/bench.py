@@ -1,4 +1,5 @@
-"""`runtime bench`, `bench-kernels` and `bench-verify`: methods side by side, screening kernels, verify cost."""
+"""`runtime bench`, `bench-kernels`, `bench-screen` and `bench-verify`: methods side by side, screening kernels,
+lower-bit screens' candidate fractions, verify cost."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 import click
 import torch
 
+from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.methods import methods_help
 
@@ -80,6 +82,59 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
     columns = [("kernel", "kernel", "{}"), ("activations", "activations", "{}"), ("ms", "ms", "{:.2f}"),
                ("vs_full_head", "time vs full head", "{:.2f}x"), ("max_error", "max abs error", "{:.2e}")]
     click.echo(markdown_rows(rows, columns))
+
+
+@main.command("bench-screen")
+@click.argument("artifact", type=click.Path())
+@click.option("--prompts", "prompt_source", type=values.PromptSource(), default="sharegpt", show_default=True,
+              help="Texts whose hidden states are screened (sharegpt: held-out conversations).")
+@click.option("--positions", type=values.COUNT, default=512, show_default=True, help="Hidden states to screen.")
+@click.option("--formats", default=",".join(SCREEN_FORMATS), show_default=True, help="Screen formats to measure.")
+@click.option("--json", "json_path", type=values.OutputFile(), default=None,
+              help="Also write the table as JSON (checked writable first).")
+@model_options
+@clean_errors
+def bench_screen(artifact, prompt_source, positions, formats, json_path, backend) -> None:
+    """Measure how much of the vocabulary a lower-bit screen of the head leaves to recompute (greedy, sound bound).
+
+    \b
+    runtime bench-screen art/g270 --json bench-out/screen.json
+    """
+    from runtime import api
+    from runtime.bench.report import markdown_rows, write_json
+    from runtime.bench.screen_bits import candidate_fractions
+    from runtime.data import load_prompts
+    from runtime.kernels import QuantMatrix, dequantize
+
+    chosen = [f.strip() for f in formats.split(",")]
+    unknown = [f for f in chosen if f not in SCREEN_FORMATS]
+    if unknown:
+        raise click.BadParameter(f"unknown format {unknown[0]!r}; choose from {', '.join(SCREEN_FORMATS)}", param_hint="--formats")
+    engine = api.load(artifact, backend=backend)
+    target = engine.session.target
+    hidden = []
+    for text in load_prompts(prompt_source, 256):
+        ids = engine.encode(text)[:256]
+        hidden.append(target.forward(ids, target.new_cache()))  # [T, d]
+        if sum(h.shape[0] for h in hidden) >= positions:
+            break
+    hidden = torch.cat(hidden)[:positions].float()  # [B, d]
+    head = target.head_weight  # [V, d]
+    rows = candidate_fractions(dequantize(head), hidden, chosen)
+    exact_bytes = head.data.shape[1] / head.cols if isinstance(head, QuantMatrix) else head.element_size()
+    click.echo(f"{engine.session.model.info.name}: {hidden.shape[0]} hidden states of {prompt_source}; the exact head "
+               f"streams {exact_bytes:.3f} bytes per weight")
+    click.echo(markdown_rows(rows, [("format", "screen", "{}"), ("bytes_per_weight", "bytes / weight", "{:.3f}"),
+                                    ("relative_error", "mean |W - Q(W)| / |W|", "{:.4f}"),
+                                    ("candidates_mean", "recomputed (mean)", "{:.3%}"),
+                                    ("candidates_p90", "p90", "{:.3%}"), ("candidates_max", "max", "{:.3%}")]))
+    if json_path:
+        record = {"command": "runtime bench-screen " + " ".join(sys.argv[2:]),
+                  "setup": {"model": engine.session.model.info.name, "prompts": prompt_source, "positions": hidden.shape[0]},
+                  "rows": rows}
+        with values.writing("--json"):
+            write_json(record, json_path)
+        click.echo(f"wrote {json_path}", err=True)
 
 
 @main.command("bench-verify")
