@@ -1,10 +1,10 @@
-"""Stage `gp`: per-layer orthonormal bases of the inputs of the target's linears (seed 002's GP).
+"""Stage `gp`: per-layer orthonormal bases of the inputs of the target's linears (the GP paper).
 
 For every group of linears that reads one input (runtime.drafters.gp.GROUPS), an ordered basis
 B [in, r]: its first k columns are the best rank-k choice by the basis' own criterion, so one
 stage serves every rank up to r.
 
-- `weights` (calibration-free, seed 002): the top right singular vectors of the group's weights
+- `weights` (calibration-free, the GP paper): the top right singular vectors of the group's weights
   stacked row-wise, i.e. the input directions the weights amplify most.
 - `activations` (activation-aware): the top eigenvectors of E[x xᵀ] over real inputs of the group,
   collected with forward pre-hooks while the target runs over trace texts; the uncentred second

@@ -1,6 +1,6 @@
 """Router training losses: which clusters count as right for a position, and how wrong scores cost.
 
-- "ce": cross-entropy on the cluster of the target's top-1 (seed 001).
+- "ce": cross-entropy on the cluster of the target's top-1 (DynaSpec).
 - "multilabel": binary cross-entropy against every cluster holding one of the target's top
   tokens with probability >= MIN_PROB (the top-1's cluster always): a shortlist that covers the
   runner-up tokens as well serves sampled drafts, where the target's mass is spread.

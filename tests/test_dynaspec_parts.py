@@ -23,7 +23,7 @@ def test_router_forward_shapes_and_state_roundtrip():
     assert torch.equal(again(emb, hid), router(emb, hid))
 
 
-def test_position_budget_follows_seed_001():
+def test_position_budget_follows_dynaspec():
     assert [position_budget(16, t) for t in range(6)] == [16, 16, 2, 2, 1, 1]
     assert [position_budget(40, t) for t in range(5)] == [40, 40, 6, 5, 4]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from artifacts.atomic import atomic_write, atomic_write_bytes
 
 COLUMNS = [
     ("method", "method", "{}"),
@@ -47,27 +47,17 @@ def markdown_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write into a temporary sibling, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_json(record: dict, path: Path) -> None:
-    """Write a JSON record atomically."""
-    _atomic_write(path, (json.dumps(record, indent=2) + "\n").encode())
+    """Write a JSON record atomically (creating its folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
 def write_reports(record: dict, json_path: Path) -> tuple[Path, Path, Path]:
     """Write JSON at json_path, and .md / .png beside it (same stem)."""
     md_path, png_path = json_path.with_suffix(".md"), json_path.with_suffix(".png")
     write_json(record, json_path)
-    _atomic_write(md_path, (_markdown_document(record) + "\n").encode())
+    atomic_write_bytes(md_path, (_markdown_document(record) + "\n").encode())
     plot(record, png_path)
     return json_path, md_path, png_path
 
@@ -96,7 +86,5 @@ def plot(record: dict, png_path: Path) -> None:
     ax.set_ylabel("tokens / s (decode)")
     ax.set_title(f"{record['setup'].get('model', '')}: {record['setup'].get('prompts', '')}", fontsize=10)
     fig.tight_layout()
-    tmp = png_path.with_name(f".tmp-{png_path.name}")
-    fig.savefig(tmp, format="png", dpi=110)
+    atomic_write(png_path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, png_path)
