@@ -37,29 +37,38 @@ inline void for_tail(int64_t cols, F&& step) {
   if (rest > 16) step(j + 16, rest - 16);
 }
 
-// One weight row against N rows of x (stride xs); out[b * os] = the dot with row b.
-template <class D, int N>
-inline void row_dot_many(const uint8_t* w, const float* x, int64_t cols, int64_t xs, const uint8_t* pf, float* out, int64_t os) {
-  V acc[N][2];
-  SV_UNROLL
-  for (int b = 0; b < N; ++b) acc[b][0] = acc[b][1] = zero();
+// Every whole 32-element step of one weight row, decoded in registers: on_block(k) before block k,
+// then on_chunk(j, w0, w1) with the weights of elements [j, j + 16) and [j + 16, j + 32).
+template <class D, class OnBlock, class OnChunk>
+__attribute__((always_inline)) inline void for_each_chunk(const uint8_t* w, int64_t cols, OnBlock&& on_block, OnChunk&& on_chunk) {
   const int64_t blocks = cols / D::kQK;
   for (int64_t k = 0; k < blocks; ++k) {
-    if (pf) prefetch_block<D>(pf + k * D::kBytes);
+    on_block(k);
     const uint8_t* block = w + k * D::kBytes;
     const auto state = D::prepare(block);
     SV_UNROLL
     for (int c = 0; c < D::kQK / 32; ++c) {
       V w0, w1;
       D::chunk(state, block, c, w0, w1);
-      const float* xc = x + k * D::kQK + 32 * c;
-      SV_UNROLL
-      for (int b = 0; b < N; ++b) {
-        acc[b][0] = fma(w0, load(xc + b * xs), acc[b][0]);
-        acc[b][1] = fma(w1, load(xc + b * xs + 16), acc[b][1]);
-      }
+      on_chunk(k * D::kQK + 32 * c, w0, w1);
     }
   }
+}
+
+// One weight row against N rows of x (stride xs); out[b * os] = the dot with row b.
+template <class D, int N>
+inline void row_dot_many(const uint8_t* w, const float* x, int64_t cols, int64_t xs, const uint8_t* pf, float* out, int64_t os) {
+  V acc[N][2];
+  SV_UNROLL
+  for (int b = 0; b < N; ++b) acc[b][0] = acc[b][1] = zero();
+  for_each_chunk<D>(w, cols, [&](int64_t k) __attribute__((always_inline)) { if (pf) prefetch_block<D>(pf + k * D::kBytes); },
+                    [&](int64_t j, V w0, V w1) __attribute__((always_inline)) {
+                      SV_UNROLL
+                      for (int b = 0; b < N; ++b) {
+                        acc[b][0] = fma(w0, load(x + b * xs + j), acc[b][0]);
+                        acc[b][1] = fma(w1, load(x + b * xs + j + 16), acc[b][1]);
+                      }
+                    });
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
       const V w0 = D::partial(w, j, m);
@@ -121,18 +130,10 @@ inline void rows_dot_one(const uint8_t* w, int64_t rb, const float* x, int64_t c
 // Rows of w decoded to float32: out[r, :] = dequantize(row r).
 template <class D>
 void decode_row(const uint8_t* w, int64_t cols, float* out) {
-  const int64_t blocks = cols / D::kQK;
-  for (int64_t k = 0; k < blocks; ++k) {
-    const uint8_t* block = w + k * D::kBytes;
-    const auto state = D::prepare(block);
-    SV_UNROLL
-    for (int c = 0; c < D::kQK / 32; ++c) {
-      V w0, w1;
-      D::chunk(state, block, c, w0, w1);
-      store(out + k * D::kQK + 32 * c, w0);
-      store(out + k * D::kQK + 32 * c + 16, w1);
-    }
-  }
+  for_each_chunk<D>(w, cols, [](int64_t) {}, [&](int64_t j, V w0, V w1) __attribute__((always_inline)) {
+    store(out + j, w0);
+    store(out + j + 16, w1);
+  });
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
       float buf[16];
