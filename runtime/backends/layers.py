@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from gguf import GGMLQuantizationType
 
-from runtime.kernels import QuantMatrix, linear, rms_norm
+from runtime.kernels import QuantMatrix, linear, rms_norm, streams
 from runtime.kernels.build import active
 
 SUPPORTED_TYPES = ("gemma3_text", "qwen2", "llama")
@@ -51,8 +51,8 @@ class Projection(KernelProjection):
         w = self.weight
         if isinstance(w, QuantMatrix):
             return [w], self.bias
-        if w.dtype != torch.float32 or w.dim() != 2 or not w.is_contiguous() or w.requires_grad:
-            return None  # linear() takes torch's GEMM for these
+        if not streams(w):
+            return None  # linear() takes torch's GEMM for it
         return [QuantMatrix(w.view(torch.uint8), GGMLQuantizationType.F32, w.shape[0], w.shape[1])], self.bias
 
 

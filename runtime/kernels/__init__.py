@@ -32,19 +32,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tens
     if isinstance(weight, QuantMatrix):
         out = quant_linear(x, weight)  # [n, out]
         return out.add_(bias) if bias is not None else out
-    _, ext = active()
     if (
-        ext is None
+        not streams(weight)
         or x.dim() != 2
         or x.shape[0] > SKINNY_MAX_ROWS
         or x.dtype != torch.float32
-        or weight.dtype != torch.float32
-        or not weight.is_contiguous()
-        or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        or torch.is_grad_enabled() and x.requires_grad
     ):
         return torch.nn.functional.linear(x, weight, bias)
-    out = ext.skinny_linear(x, weight)  # [n, out]
+    out = active()[1].skinny_linear(x, weight)  # [n, out]
     return out.add_(bias) if bias is not None else out
+
+
+def streams(weight: torch.Tensor) -> bool:
+    """Whether linear() streams this fp32 weight [out, d] through the skinny kernel (for up to
+    SKINNY_MAX_ROWS float32 rows of x), rather than handing it to torch's GEMM."""
+    return (
+        active()[1] is not None
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and not (torch.is_grad_enabled() and weight.requires_grad)
+    )
 
 
 def screen_gemv(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -71,8 +71,7 @@ class LayerPlan {
     x = x.contiguous();  // what the Python norm's reshape hands the kernel
     const int64_t count = x.size(0);
     auto qkv = qkv_(input_(x)).view({count, heads_ + 2 * kv_heads_, head_dim_});
-    const auto none = torch::empty({0});
-    ops::prepare_qkv(qkv, heads_, q_norm_.present() ? q_norm_.factor : none, k_norm_.present() ? k_norm_.factor : none,
+    ops::prepare_qkv(qkv, heads_, q_norm_.present() ? q_norm_.factor : no_factor_, k_norm_.present() ? k_norm_.factor : no_factor_,
                      q_norm_.present() ? q_norm_.eps : 0.0, cos, sin, positions, keys, values, start);
     auto attended = o_(ops::attend(qkv, heads_, keys, values, first, end, extra, scaling_));
     if (post_attention_.present()) attended = post_attention_(attended);
@@ -91,6 +90,7 @@ class LayerPlan {
   int64_t heads_, kv_heads_, head_dim_;
   double scaling_;
   bool gelu_ = false;
+  torch::Tensor no_factor_ = torch::empty({0});  // prepare_qkv's "no head norms", made once, not per step
 };
 
 }  // namespace plan
