@@ -20,22 +20,9 @@ constexpr int64_t kGrain = 256;  // weight rows per parallel task
 template <class D>
 void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    if (n == 1) {
-      float out[kRows];
-      int64_t i = begin;
-      for (; i + kRows <= end; i += kRows) {
-        rows_dot_one<D>(w + i * rb, rb, x, cols, i + kPrefetchRows + kRows <= end, out);
-        for (int r = 0; r < kRows; ++r) y[i + r] = out[r];
-      }
-      for (; i < end; ++i) row_dot_many<D, 1>(w + i * rb, x, cols, cols, nullptr, y + i, ys);
-      return;
-    }
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* pf = i + kPrefetchRows < end ? w + (i + kPrefetchRows) * rb : nullptr;
-      for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
-        const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
-        row_dot_batch<D, kMaxBatch>(count, w + i * rb, x + b0 * cols, cols, b0 == 0 ? pf : nullptr, y + b0 * ys + i, ys);
-      }
+    for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
+      const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
+      rows_dot_range<D, kMaxBatch>(count, w, rb, begin, end, x + b0 * cols, cols, b0 == 0, y + b0 * ys, ys);
     }
   });
 }

@@ -7,7 +7,7 @@
 // reduce(acc0 + acc1) with GCC's _mm512_reduce_add_ps tree. Each weight value is materialized
 // exactly (the dequantized float) before its FMA, so a block format gives the same bits as the
 // fp32 kernel on `dequantize(w)`. Each weight row streams from memory once per pass over up to
-// kMaxBatch rows of x; with one row of x, kRows weight rows share the pass (independent chains).
+// kMaxBatch rows of x; rows_for(n) weight rows share a pass (independent chains).
 #pragma once
 
 #include <algorithm>
@@ -37,13 +37,12 @@ inline void for_tail(int64_t cols, F&& step) {
   if (rest > 16) step(j + 16, rest - 16);
 }
 
-// Every whole 32-element step of one weight row, decoded in registers: on_block(k) before block k,
-// then on_chunk(j, w0, w1) with the weights of elements [j, j + 16) and [j + 16, j + 32).
-template <class D, class OnBlock, class OnChunk>
-__attribute__((always_inline)) inline void for_each_chunk(const uint8_t* w, int64_t cols, OnBlock&& on_block, OnChunk&& on_chunk) {
+// Every whole 32-element step of one weight row, decoded in registers: on_chunk(j, w0, w1) with the
+// weights of elements [j, j + 16) and [j + 16, j + 32).
+template <class D, class OnChunk>
+__attribute__((always_inline)) inline void for_each_chunk(const uint8_t* w, int64_t cols, OnChunk&& on_chunk) {
   const int64_t blocks = cols / D::kQK;
   for (int64_t k = 0; k < blocks; ++k) {
-    on_block(k);
     const uint8_t* block = w + k * D::kBytes;
     const auto state = D::prepare(block);
     SV_UNROLL
@@ -55,82 +54,78 @@ __attribute__((always_inline)) inline void for_each_chunk(const uint8_t* w, int6
   }
 }
 
-// One weight row against N rows of x (stride xs); out[b * os] = the dot with row b.
-template <class D, int N>
-inline void row_dot_many(const uint8_t* w, const float* x, int64_t cols, int64_t xs, const uint8_t* pf, float* out, int64_t os) {
-  V acc[N][2];
+// R consecutive weight rows (stride rb bytes) against N rows of x [N, cols]: y[b * ys + r] = <row r,
+// x[b]>. Every (r, b) pair has its own two accumulators, so each output is summed in the order above
+// whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait. With
+// prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is read.
+// (The block walk is for_each_chunk's, written out: R decoders interleaved with their FMAs.)
+template <class D, int R, int N>
+inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, bool prefetch_ahead, float* y, int64_t ys) {
+  V acc[R][N][2];
   SV_UNROLL
-  for (int b = 0; b < N; ++b) acc[b][0] = acc[b][1] = zero();
-  for_each_chunk<D>(w, cols, [&](int64_t k) __attribute__((always_inline)) { if (pf) prefetch_block<D>(pf + k * D::kBytes); },
-                    [&](int64_t j, V w0, V w1) __attribute__((always_inline)) {
-                      SV_UNROLL
-                      for (int b = 0; b < N; ++b) {
-                        acc[b][0] = fma(w0, load(x + b * xs + j), acc[b][0]);
-                        acc[b][1] = fma(w1, load(x + b * xs + j + 16), acc[b][1]);
-                      }
-                    });
-  if constexpr (D::kElementwise) {
-    for_tail(cols, [&](int64_t j, int64_t m) {
-      const V w0 = D::partial(w, j, m);
-      SV_UNROLL
-      for (int b = 0; b < N; ++b) acc[b][0] = fma(w0, load_partial(x + b * xs + j, m), acc[b][0]);
-    });
+  for (int r = 0; r < R; ++r) {
+    SV_UNROLL
+    for (int b = 0; b < N; ++b) acc[r][b][0] = acc[r][b][1] = zero();
   }
-  SV_UNROLL
-  for (int b = 0; b < N; ++b) out[b * os] = reduce(add(acc[b][0], acc[b][1]));
-}
-
-// count (1..N) rows of x: the largest instantiation that fits.
-template <class D, int N>
-inline void row_dot_batch(int64_t count, const uint8_t* w, const float* x, int64_t cols, const uint8_t* pf, float* out, int64_t os) {
-  if constexpr (N > 1) {
-    if (count < N) return row_dot_batch<D, N - 1>(count, w, x, cols, pf, out, os);
-  }
-  row_dot_many<D, N>(w, x, cols, cols, pf, out, os);
-}
-
-// kRows consecutive weight rows (stride rb bytes) against one row of x, summed as row_dot_many sums.
-template <class D>
-inline void rows_dot_one(const uint8_t* w, int64_t rb, const float* x, int64_t cols, bool prefetch_ahead, float* out) {
-  V acc[kRows][2];
-  SV_UNROLL
-  for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = zero();
   const int64_t blocks = cols / D::kQK;
   for (int64_t k = 0; k < blocks; ++k) {
     const uint8_t* block = w + k * D::kBytes;
-    typename D::State state[kRows];
+    typename D::State state[R];
     SV_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < R; ++r) {
       if (prefetch_ahead) prefetch_block<D>(block + (kPrefetchRows + r) * rb);
       state[r] = D::prepare(block + r * rb);
     }
     SV_UNROLL
-    for (int c = 0; c < D::kQK / 32; ++c) {  // each x chunk loaded once for the kRows rows
-      const V x0 = load(x + k * D::kQK + 32 * c), x1 = load(x + k * D::kQK + 32 * c + 16);
+    for (int c = 0; c < D::kQK / 32; ++c) {
+      const int64_t j = k * D::kQK + 32 * c;
       SV_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      for (int r = 0; r < R; ++r) {
         V w0, w1;
         D::chunk(state[r], block + r * rb, c, w0, w1);
-        acc[r][0] = fma(w0, x0, acc[r][0]);
-        acc[r][1] = fma(w1, x1, acc[r][1]);
+        SV_UNROLL
+        for (int b = 0; b < N; ++b) {
+          acc[r][b][0] = fma(w0, load(x + b * cols + j), acc[r][b][0]);
+          acc[r][b][1] = fma(w1, load(x + b * cols + j + 16), acc[r][b][1]);
+        }
       }
     }
   }
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
-      const V x0 = load_partial(x + j, m);
       SV_UNROLL
-      for (int r = 0; r < kRows; ++r) acc[r][0] = fma(D::partial(w + r * rb, j, m), x0, acc[r][0]);
+      for (int r = 0; r < R; ++r) {
+        const V w0 = D::partial(w + r * rb, j, m);
+        SV_UNROLL
+        for (int b = 0; b < N; ++b) acc[r][b][0] = fma(w0, load_partial(x + b * cols + j, m), acc[r][b][0]);
+      }
     });
   }
   SV_UNROLL
-  for (int r = 0; r < kRows; ++r) out[r] = reduce(add(acc[r][0], acc[r][1]));
+  for (int r = 0; r < R; ++r) {
+    SV_UNROLL
+    for (int b = 0; b < N; ++b) y[b * ys + r] = reduce(add(acc[r][b][0], acc[r][b][1]));
+  }
+}
+
+// Weight rows [begin, end) against count (1..N) rows of x: rows_for(count) weight rows per pass,
+// then the leftover rows one at a time.
+template <class D, int N>
+inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t begin, int64_t end, const float* x, int64_t cols,
+                           bool prefetch, float* y, int64_t ys) {
+  if constexpr (N > 1) {
+    if (count < N) return rows_dot_range<D, N - 1>(count, w, rb, begin, end, x, cols, prefetch, y, ys);
+  }
+  constexpr int R = rows_for(N);
+  int64_t i = begin;
+  for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, prefetch && i + kPrefetchRows + R <= end, y + i, ys);
+  for (; i < end; ++i) rows_dot<D, 1, N>(w + i * rb, rb, x, cols, false, y + i, ys);
 }
 
 // Rows of w decoded to float32: out[r, :] = dequantize(row r).
 template <class D>
 void decode_row(const uint8_t* w, int64_t cols, float* out) {
-  for_each_chunk<D>(w, cols, [](int64_t) {}, [&](int64_t j, V w0, V w1) __attribute__((always_inline)) {
+  for_each_chunk<D>(w, cols, [&](int64_t j, V w0, V w1) __attribute__((always_inline)) {
     store(out + j, w0);
     store(out + j + 16, w1);
   });

@@ -14,7 +14,7 @@ namespace simd {
 
 constexpr const char* kPath = "avx2";
 constexpr int kMaxBatch = 3;  // activation rows per pass: 12 of the 16 ymm registers hold accumulators
-constexpr int kRows = 2;      // weight rows per block when n == 1
+constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
 
 struct V { __m256 lo, hi; };   // lanes 0..7, 8..15
 struct I { __m256i lo, hi; };

@@ -14,7 +14,9 @@ namespace simd {
 
 constexpr const char* kPath = "avx512";
 constexpr int kMaxBatch = 8;  // activation rows per pass over a weight row: 16 accumulators
-constexpr int kRows = 4;      // weight rows per block when n == 1: 8 independent accumulators
+// Weight rows per pass for n rows of x: independent rows to decode while FMAs wait, with at most
+// 16 accumulators (of 32 zmm registers).
+constexpr int rows_for(int n) { return n <= 2 ? 4 : n == 3 ? 3 : n <= 6 ? 2 : 1; }
 
 struct V { __m512 v; };   // 16 floats
 struct I { __m512i v; };  // 16 int32

@@ -12,7 +12,7 @@ namespace simd {
 
 constexpr const char* kPath = "portable";
 constexpr int kMaxBatch = 4;
-constexpr int kRows = 2;
+constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
 
 struct V { float v[16]; };
 struct I { int32_t v[16]; };
