@@ -6,7 +6,12 @@ For row i with float32 weights W_i, int8 copy Q(W_i) and hidden state h:
 
 where e_i = |W_i - Q(W_i)| (computed in float64, rounded up at prep time) and
 gamma = n u / (1 - n u) is the standard bound on float32 dot-product rounding with
-n = d + 2 operations per term. The kernel keeps h in float32, so no activation term.
+n = d + 2 operations per term.
+
+With per-row scales on AVX-512 the screen runs in integers: h is split exactly as 2^e a + r with a
+int16, <Q(W_i), h> = <Q(W_i), 2^e a> + <Q(W_i), r>, the first an exact integer dot product and the
+second at most |Q(W_i)| |r| (Cauchy-Schwarz), a term added to the radius. Elsewhere h stays float32
+and there is no activation term.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 from runtime.numerics import dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
 
 from runtime.heads.opened import Opened, exact_logits
-from runtime.kernels import kernel_name, screen_gemv, screen_select
+from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_select
 
 # Relative slack for the few float32 roundings after the dot products (radius scaling,
 # the +/- of center and radius, division by the temperature, adding noise).
@@ -40,6 +45,7 @@ class ScreenState:
     hidden: torch.Tensor  # [B, d]
     center: torch.Tensor  # [B, V] screening logits (bias included)
     hidden_norm: torch.Tensor  # [B] float64 |h|, rounded up
+    remainder_norm: torch.Tensor | None  # [B] float64 |r| of the int16 split, None with float32 activations
 
 
 class ScreenBound:
@@ -54,40 +60,57 @@ class ScreenBound:
         qweight: torch.Tensor,
         scales: torch.Tensor,
         coefficients: torch.Tensor,
+        qrow_norms: torch.Tensor,
     ) -> None:
         self.weight = weight  # [V, d] float32, the exact head
         self.bias = bias  # [V] or None
         self.qweight = qweight.contiguous()  # [V, d] int8
         self.scales = scales.float().contiguous()  # [V, G]
         self.coefficients = coefficients.float()  # [V]
+        self.qrow_norms = qrow_norms.float().contiguous()  # [V] |Q(W_i)|, rounded up
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
     def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict) -> "ScreenBound":
         """Build from the tensors of an artifact's `screen` stage."""
         coef = screen_coefficients(tensors["error_norms"], tensors["qrow_norms"], tensors["row_norms"], weight.shape[1])
-        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef)
+        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef, tensors["qrow_norms"])
 
     def prepare(self, hidden: torch.Tensor) -> ScreenState:
         """Screen a batch of hidden states [B, d]."""
-        center = screen_gemv(self.qweight, self.scales, hidden)  # [B, V]
+        split = screen_gemv_int16(self.qweight, self.scales, hidden)
+        if split is not None and bool(torch.isfinite(split[1]).all()):
+            center, remainder = split  # [B, V], [B]
+        else:  # no integer path here, or a non-finite hidden state: float32 activations
+            center, remainder = screen_gemv(self.qweight, self.scales, hidden), None
         if self.bias is not None:
             center = center + self.bias
         hnorm = hidden.double().norm(dim=1) * (1 + 1e-12)  # [B]; float32 rounding is in _SLACK
-        return ScreenState(hidden, center, hnorm)
+        return ScreenState(hidden, center, hnorm, remainder)
+
+    def _remainder_term(self, state: ScreenState, row: int) -> tuple[torch.Tensor | None, float]:
+        """(|Q(W_i)| [V], |r|) of one row's int16 split, or (None, 0) with float32 activations."""
+        if state.remainder_norm is None:
+            return None, 0.0
+        return self.qrow_norms, float(state.remainder_norm[row])
 
     def open_topk(
         self, state: ScreenState, row: int, k: int, temperature: float, noise: torch.Tensor | None
     ) -> Opened:
         """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise."""
+        qrow_norms, remainder = self._remainder_term(state, row)
         ids = screen_select(
-            state.center[row], self.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k
+            state.center[row], self.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k,
+            qrow_norms, remainder,
         )
         return Opened(ids, exact_logits(self.weight, self.bias, state.hidden[row], ids), certified=True)
 
     def radius(self, state: ScreenState, row: int) -> torch.Tensor:
         """Sound bound [V] on |exact logit - screening logit| for one row."""
         base = self.coefficients * float(state.hidden_norm[row])
+        qrow_norms, remainder = self._remainder_term(state, row)
+        if qrow_norms is not None:
+            base = base + qrow_norms * remainder
         return base + _SLACK * (state.center[row].abs() + base)
 
     def required_open(self, state: ScreenState, row: int, logits: torch.Tensor, k: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.kernels.build import active
+from runtime.kernels.build import active, cpu_flags
 from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
 
@@ -81,6 +81,23 @@ def _screen_gemv_torch(qweight: torch.Tensor, scales: torch.Tensor, hidden: torc
     return out
 
 
+def screen_gemv_int16(
+    qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The per-row int8 screen with each hidden row split exactly into int16 values plus a remainder.
+
+    hidden [B, d] = 2^e_b a_b + r_b with a_b int16; returns (y [B, V] float32 = scale_i 2^e_b <q_i, a_b>,
+    |r_b| [B] float64 rounded up), the dot products exact in integers (vpdpwssd where the CPU reports
+    avx512_vnni, vpmaddwd otherwise). None where this path does not apply (no AVX-512 kernels,
+    grouped scales, d not a multiple of 32 or above 8192): use screen_gemv then.
+    """
+    ext = active()[1]
+    d = qweight.shape[1]
+    if ext is None or not hasattr(ext, "screen_gemv_int16") or scales.shape[1] != 1 or d % 32 or d > 8192:
+        return None
+    return ext.screen_gemv_int16(qweight, scales, hidden.float(), "avx512_vnni" in cpu_flags())
+
+
 def screen_select(
     center: torch.Tensor,
     coefficients: torch.Tensor,
@@ -89,18 +106,26 @@ def screen_select(
     temperature: float,
     noise: torch.Tensor | None,
     k: int,
+    qrow_norms: torch.Tensor | None = None,
+    remainder_norm: float = 0.0,
 ) -> torch.Tensor:
     """Candidate ids [n] of one screened row: upper bound >= the k-th best lower bound.
 
-    center, coefficients, noise: [V] float32. radius_i = c_i |h| + slack (|center_i| + c_i |h|);
+    center, coefficients, noise, qrow_norms: [V] float32. radius_i = base_i + slack (|center_i| + base_i)
+    with base_i = c_i |h| (+ |Q(W_i)| |r| when qrow_norms is given: the int16 screen's remainder term);
     bounds are divided by the temperature (when > 0) and shifted by the noise.
     """
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     ext = active()[1]
     if ext is not None and hasattr(ext, "screen_select"):  # the AVX-512 path only
         empty = torch.empty(0, dtype=torch.float32)
-        return ext.screen_select(center, coefficients, hidden_norm, slack, inv_t, empty if noise is None else noise, k)
+        return ext.screen_select(
+            center, coefficients, hidden_norm, empty if qrow_norms is None else qrow_norms, remainder_norm,
+            slack, inv_t, empty if noise is None else noise, k,
+        )
     base = coefficients * hidden_norm
+    if qrow_norms is not None:
+        base = base + qrow_norms * remainder_norm
     radius = base + slack * (center.abs() + base)
     lower, upper = (center - radius) * inv_t, (center + radius) * inv_t
     if noise is not None:
@@ -121,6 +146,7 @@ __all__ = [
     "quant_linear_parts",
     "rms_norm",
     "screen_gemv",
+    "screen_gemv_int16",
     "screen_select",
     "take_rows",
 ]

@@ -6,11 +6,13 @@
 #include "bindings.h"
 
 torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h);  // screen_avx512.cpp
-torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, double slack, double inv_t,
-                            torch::Tensor noise, int64_t k);
+std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torch::Tensor scales, torch::Tensor h, bool vnni);
+torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, torch::Tensor qnorm, double rnorm,
+                            double slack, double inv_t, torch::Tensor noise, int64_t k);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   SPECVOCAB_DEFINE_GEMM(m);
   m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
+  m.def("screen_gemv_int16", &screen_gemv_int16, "the int8 screen against int16-split activations, integer dots");
   m.def("screen_select", &screen_select, "candidate ids of one screened row");
 }

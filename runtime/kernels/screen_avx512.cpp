@@ -3,6 +3,9 @@
 // screen_gemv:   y[b, i] = sum_g scales[i, g] * <q[i, g-th group], h[b, g-th group]>, fp32 activations.
 //                Weights are the int8 screening copy of the head; activations stay fp32 so the only
 //                approximation is the weight quantization, which the caller bounds per row.
+// screen_gemv_int16: the same screen with h split exactly into int16 values plus a remainder whose
+//                norm it returns (the caller bounds that term too): integer dot products, several
+//                times less arithmetic per weight, for verify rounds of several rows.
 // screen_select: the candidates of one row: every i whose upper bound reaches the k-th best lower bound.
 // Built into the AVX-512 module, whose flags turn off FMA contraction for the exact GEMM; this file
 // keeps GCC's default contraction so its results stay what they were before the per-ISA split.
@@ -187,16 +190,149 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
 
 namespace {
 
-// Bounds of tokens [i, i + 16) (lanes outside m are garbage): radius = c_i |h| + slack (|center| + c_i |h|).
+// --- int16 activations: the screen in integer arithmetic -------------------------------------------
+//
+// Each hidden row h is split exactly as h = 2^e * a + r with a int16 (|a| <= 32767, e the smallest
+// exponent that fits max |h|) and r the rounding remainder, |r_j| <= 2^(e - 1). Then
+// <s q, h> = s 2^e <q, a> + s <q, r>: the first term is an exact integer dot product (int8 x int16
+// pairs summed in int32; no overflow while d <= kMaxIntCols), the second is bounded by
+// |s q| |r|, which the caller adds to the radius. Two paths give the same integers: vpdpwssd
+// (AVX512-VNNI) where /proc/cpuinfo reports it, vpmaddwd + vpaddd (AVX512BW) elsewhere.
+
+constexpr int64_t kMaxIntCols = 8192;  // d / 32 pair sums of <= 2 * 128 * 32767 < 2^23 per lane fit int32
+constexpr int kIntBatch = 8;  // hidden rows per pass
+constexpr int int_rows_for(int n) { return n <= 4 ? 4 : 2; }  // weight rows per pass: at most 16 accumulators
+
+template <bool Vnni>
+inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i a) {  // acc += pairwise w * a (int16 -> int32)
+  if constexpr (Vnni) {
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));  // AVX512-VNNI, chosen at run time
+    return acc;
+  } else {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, a));
+  }
+}
+
+// R int8 weight rows (stride d) against N int16 rows (stride d): exact int32 dots out[r * N + b].
+template <bool Vnni, int R, int N>
+inline void int_rows_dot(const int8_t* q, const int16_t* a, int64_t d, bool prefetch, int32_t* out) {
+  __m512i acc[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < d; j += 32) {
+    if (prefetch && j % 64 == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchRows + r) * d + j), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) {
+      const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * d + j)));
+      for (int b = 0; b < N; ++b) acc[r][b] = dot_pairs<Vnni>(acc[r][b], w, _mm512_loadu_si512(a + b * d + j));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < N; ++b) out[r * N + b] = _mm512_reduce_add_epi32(acc[r][b]);
+}
+
+// Weight rows [begin, end) against N hidden rows: y[b * V + i] = float(dot) * scale[i] * step[b].
+template <bool Vnni, int N>
+void int_rows_range(const int8_t* q, const float* scale, const int16_t* a, const float* step, int64_t d, int64_t V,
+                    int64_t begin, int64_t end, float* y) {
+  constexpr int R = int_rows_for(N);
+  int32_t dots[R * N];
+  int64_t i = begin;
+  for (; i + R <= end; i += R) {
+    int_rows_dot<Vnni, R, N>(q + i * d, a, d, i + kPrefetchRows + R <= end, dots);
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < N; ++b) y[b * V + i + r] = static_cast<float>(dots[r * N + b]) * scale[i + r] * step[b];
+  }
+  for (; i < end; ++i) {
+    int_rows_dot<Vnni, 1, N>(q + i * d, a, d, false, dots);
+    for (int b = 0; b < N; ++b) y[b * V + i] = static_cast<float>(dots[b]) * scale[i] * step[b];
+  }
+}
+
+// count (1..N) hidden rows: the largest instantiation that fits.
+template <bool Vnni, int N>
+void int_rows_batch(int64_t count, const int8_t* q, const float* scale, const int16_t* a, const float* step, int64_t d,
+                    int64_t V, int64_t begin, int64_t end, float* y) {
+  if constexpr (N > 1) {
+    if (count < N) return int_rows_batch<Vnni, N - 1>(count, q, scale, a, step, d, V, begin, end, y);
+  }
+  int_rows_range<Vnni, N>(q, scale, a, step, d, V, begin, end, y);
+}
+
+// Row h [d] -> a [d] int16 with h = 2^e a + r; returns 2^e and writes |r| (float64, rounded up).
+// A row with a non-finite value gets a = 0 and |r| = inf (its radius then opens every token).
+float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t j = 0; j < d; ++j) {
+    finite = finite && std::isfinite(h[j]);
+    amax = std::max(amax, std::fabs(h[j]));
+  }
+  if (!finite || amax == 0.f) {
+    std::fill(a, a + d, int16_t{0});
+    *remainder_norm = finite ? 0.0 : INFINITY;
+    return 1.f;
+  }
+  int e;
+  std::frexp(static_cast<double>(amax) / 32767.0, &e);  // 2^(e-1) <= amax / 32767 < 2^e
+  while (std::ldexp(static_cast<double>(amax), -e) > 32767.0) ++e;  // t was rounded: make sure it fits
+  while (e > -1000 && std::ldexp(static_cast<double>(amax), -(e - 1)) <= 32767.0) --e;  // the smallest e that fits
+  double sum = 0.0;
+  for (int64_t j = 0; j < d; ++j) {
+    const double v = std::nearbyint(std::ldexp(static_cast<double>(h[j]), -e));  // |v| <= 32767
+    a[j] = static_cast<int16_t>(v);
+    const double r = static_cast<double>(h[j]) - std::ldexp(v, e);  // exact: both are multiples of h's ulp
+    sum += r * r;
+  }
+  *remainder_norm = std::sqrt(sum) * (1.0 + 1e-12);  // d <= 8192 roundings of 2^-53 each, relative
+  return static_cast<float>(std::ldexp(1.0, e));
+}
+
+}  // namespace
+
+// q: [V, d] int8 (d % 32 == 0, d <= 8192), scales: [V, 1] fp32, h: [B, d] fp32 ->
+// (y [B, V] fp32 = scale_i 2^e_b <q_i, a_b>, remainder_norm [B] float64 = |h_b - 2^e_b a_b|).
+std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torch::Tensor scales, torch::Tensor h, bool vnni) {
+  TORCH_CHECK(q.dtype() == torch::kInt8 && q.is_contiguous() && q.dim() == 2, "q must be contiguous [V, d] int8");
+  TORCH_CHECK(scales.dtype() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == q.size(0), "scales must be [V, 1] float32");
+  TORCH_CHECK(h.dtype() == torch::kFloat32 && h.dim() == 2 && h.size(1) == q.size(1), "h must be [B, d] float32");
+  const int64_t V = q.size(0), d = q.size(1), B = h.size(0);
+  TORCH_CHECK(d % 32 == 0 && d <= kMaxIntCols, "the int16 screen needs d % 32 == 0 and d <= ", kMaxIntCols);
+  h = h.contiguous();
+  std::vector<int16_t> a(static_cast<size_t>(B * d));
+  std::vector<float> step(static_cast<size_t>(B));
+  auto remainder = torch::empty({B}, torch::kFloat64);
+  for (int64_t b = 0; b < B; ++b)
+    step[b] = split_int16(h.data_ptr<float>() + b * d, d, a.data() + b * d, remainder.data_ptr<double>() + b);
+  auto y = torch::empty({B, V}, h.options());
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, V, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t b0 = 0; b0 < B; b0 += kIntBatch) {
+      const int64_t count = std::min<int64_t>(kIntBatch, B - b0);
+      if (vnni) int_rows_batch<true, kIntBatch>(count, qp, sp, a.data() + b0 * d, step.data() + b0, d, V, begin, end, yp + b0 * V);
+      else int_rows_batch<false, kIntBatch>(count, qp, sp, a.data() + b0 * d, step.data() + b0, d, V, begin, end, yp + b0 * V);
+    }
+  });
+  return {y, remainder};
+}
+
+namespace {
+
+// Bounds of tokens [i, i + 16) (lanes outside m are garbage): base = c_i |h| + n_i |r| (the second
+// term only with n), radius = base + slack (|center| + base).
 struct ScreenBounds {
   const float* c;
   const float* e;
   const float* g;  // noise or nullptr
-  __m512 hn, sl, it;
+  const float* n;  // |Q(W_i)| or nullptr
+  __m512 hn, rn, sl, it;
 
   inline void at(int64_t i, __mmask16 m, __m512& lo, __m512& up) const {
     const __m512 ci = _mm512_maskz_loadu_ps(m, c + i);
-    const __m512 base = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + i), hn);
+    __m512 base = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + i), hn);
+    if (n) base = _mm512_add_ps(base, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, n + i), rn));
     const __m512 radius = _mm512_add_ps(base, _mm512_mul_ps(sl, _mm512_add_ps(_mm512_abs_ps(ci), base)));
     lo = _mm512_mul_ps(_mm512_sub_ps(ci, radius), it);
     up = _mm512_mul_ps(_mm512_add_ps(ci, radius), it);
@@ -211,19 +347,22 @@ struct ScreenBounds {
 }  // namespace
 
 // One row: lower_i = (center_i - radius_i) * inv_t + noise_i, upper_i likewise with +radius_i, where
-// radius_i = coef_i * hnorm + slack * (|center_i| + coef_i * hnorm). Returns ids with upper_i >= the
-// k-th largest lower_i. noise may be empty (no noise). Two vectorized passes, no [V] temporaries.
-// Each bound is sound on its own (slack covers float32 rounding), so the passes need not round alike.
-torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, double slack,
-                            double inv_t, torch::Tensor noise, int64_t k) {
+// radius_i = base_i + slack * (|center_i| + base_i), base_i = coef_i * hnorm + qnorm_i * rnorm (the
+// second term only when qnorm is not empty). Returns ids with upper_i >= the k-th largest lower_i.
+// noise may be empty (no noise). Two vectorized passes, no [V] temporaries. Each bound is sound on
+// its own (slack covers float32 rounding), so the passes need not round alike.
+torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, torch::Tensor qnorm, double rnorm,
+                            double slack, double inv_t, torch::Tensor noise, int64_t k) {
   TORCH_CHECK(center.dtype() == torch::kFloat32 && center.dim() == 1 && center.is_contiguous(), "center: [V] fp32");
   TORCH_CHECK(coef.dtype() == torch::kFloat32 && coef.is_contiguous() && coef.numel() == center.numel(), "coef: [V] fp32");
   const int64_t V = center.numel();
   TORCH_CHECK(k >= 1 && k <= V && V < INT32_MAX, "k or V out of range");
-  const bool has_noise = noise.numel() > 0;
+  const bool has_noise = noise.numel() > 0, has_qnorm = qnorm.numel() > 0;
   TORCH_CHECK(!has_noise || (noise.dtype() == torch::kFloat32 && noise.is_contiguous() && noise.numel() == V), "noise: [V] fp32");
+  TORCH_CHECK(!has_qnorm || (qnorm.dtype() == torch::kFloat32 && qnorm.is_contiguous() && qnorm.numel() == V), "qnorm: [V] fp32");
   const ScreenBounds bounds{center.data_ptr<float>(), coef.data_ptr<float>(), has_noise ? noise.data_ptr<float>() : nullptr,
-                            _mm512_set1_ps(static_cast<float>(hnorm)), _mm512_set1_ps(static_cast<float>(slack)),
+                            has_qnorm ? qnorm.data_ptr<float>() : nullptr, _mm512_set1_ps(static_cast<float>(hnorm)),
+                            _mm512_set1_ps(static_cast<float>(rnorm)), _mm512_set1_ps(static_cast<float>(slack)),
                             _mm512_set1_ps(static_cast<float>(inv_t))};
   __m512 lo, up;
   float threshold;
