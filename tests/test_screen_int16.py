@@ -43,7 +43,7 @@ def adversarial_hidden(d: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(3)
     rows = torch.randn(6, d, generator=gen)
     rows[0, 5] = 4.0e3  # one outlier: every other coordinate gets few integer levels
-    rows[1] *= 1e-30  # far below 1: a negative exponent
+    rows[1] *= 1e-12  # far below 1: a negative exponent
     rows[2] = torch.full((d,), 32767.0)  # exactly the int16 limit at e = 0
     rows[2, 1] = -32768.0  # just above it: e = 1
     rows[3] = 0.0
@@ -84,17 +84,26 @@ def test_both_instruction_paths_give_the_same_bits():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_non_finite_hidden_states_get_an_infinite_remainder_and_the_screen_falls_back():
+@pytest.mark.parametrize("bad", ["nan", "inf", "tiny", "huge"])
+def test_rows_the_split_cannot_serve_get_an_infinite_remainder_and_the_screen_falls_back(bad: str):
+    """Non-finite rows, and rows whose float32 products after the integer dot could leave float32's
+    normal range (max |h| outside [2^-60, 2^60]), are screened with float32 activations."""
     module = int16_module()
     head = make_tiny_head(seed=7)
     q = quantize_int8(head.weight, 0)
-    hidden = head.hidden[:3].clone()
-    hidden[1, 4] = float("nan")
-    hidden[2, 0] = float("inf")
+    hidden = head.hidden[:2].clone()
+    if bad in ("nan", "inf"):
+        hidden[1, 4] = float(bad)
+    else:
+        hidden[1] *= 1e-22 if bad == "tiny" else 1e22
     _, remainder = module.screen_gemv_int16(q["qweight"], q["scales"], hidden, False)
-    assert math.isfinite(float(remainder[0])) and math.isinf(float(remainder[1])) and math.isinf(float(remainder[2]))
-    state = screen_bound(head).prepare(hidden)
+    assert math.isfinite(float(remainder[0])) and math.isinf(float(remainder[1]))
+    bound = screen_bound(head)
+    state = bound.prepare(hidden)
     assert state.remainder_norm is None  # float32 activations for this batch: the bound has no split term
+    if bad in ("tiny", "huge"):  # and the float32 screen's bound holds for them
+        error = (exact_logits(head, hidden)[1] - state.center[1]).abs()
+        assert bool((error <= bound.radius(state, 1)).all())
 
 
 def test_int16_screen_bound_contains_every_exact_logit_on_adversarial_rows():

@@ -260,7 +260,9 @@ void int_rows_batch(int64_t count, const int8_t* q, const float* scale, const in
 }
 
 // Row h [d] -> a [d] int16 with h = 2^e a + r; returns 2^e and writes |r| (float64, rounded up).
-// A row with a non-finite value gets a = 0 and |r| = inf (its radius then opens every token).
+// A row with a non-finite value, or with max |h| outside [2^-60, 2^60] (where the float32 products
+// after the integer dot could underflow or overflow), gets a = 0 and |r| = inf: the caller then
+// screens it with float32 activations.
 float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm) {
   float amax = 0.f;
   bool finite = true;
@@ -268,9 +270,9 @@ float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm)
     finite = finite && std::isfinite(h[j]);
     amax = std::max(amax, std::fabs(h[j]));
   }
-  if (!finite || amax == 0.f) {
+  if (!finite || amax == 0.f || amax < 0x1p-60f || amax > 0x1p60f) {
     std::fill(a, a + d, int16_t{0});
-    *remainder_norm = finite ? 0.0 : INFINITY;
+    *remainder_norm = amax == 0.f && finite ? 0.0 : INFINITY;
     return 1.f;
   }
   int e;
