@@ -23,7 +23,7 @@ import torch
 from runtime.numerics import dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
 
 from runtime.heads.opened import Opened, exact_logits
-from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_select
+from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select
 
 # Relative slack for the few float32 roundings after the dot products (radius scaling,
 # the +/- of center and radius, division by the temperature, adding noise).
@@ -107,11 +107,9 @@ class ScreenBound:
 
     def radius(self, state: ScreenState, row: int) -> torch.Tensor:
         """Sound bound [V] on |exact logit - screening logit| for one row."""
-        base = self.coefficients * float(state.hidden_norm[row])
         qrow_norms, remainder = self._remainder_term(state, row)
-        if qrow_norms is not None:
-            base = base + qrow_norms * remainder
-        return base + _SLACK * (state.center[row].abs() + base)
+        hidden_norm = float(state.hidden_norm[row])
+        return screen_radius(state.center[row], self.coefficients, hidden_norm, _SLACK, qrow_norms, remainder)
 
     def required_open(self, state: ScreenState, row: int, logits: torch.Tensor, k: int) -> None:
         """Not tracked: the screening bound always certifies (it has no budget to exceed)."""

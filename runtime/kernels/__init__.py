@@ -14,6 +14,7 @@ from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
 
 SKINNY_MAX_ROWS = 16  # beyond this many rows, a packed GEMM (torch's) is faster than streaming
+INT16_SCREEN_MAX_COLS = 8192  # screen_avx512.cpp's kMaxIntCols: int32 sums of int8 x int16 pairs cannot overflow
 
 
 def kernel_name() -> str:
@@ -93,9 +94,26 @@ def screen_gemv_int16(
     """
     ext = active()[1]
     d = qweight.shape[1]
-    if ext is None or not hasattr(ext, "screen_gemv_int16") or scales.shape[1] != 1 or d % 32 or d > 8192:
+    fits = scales.shape[1] == 1 and d % 32 == 0 and d <= INT16_SCREEN_MAX_COLS
+    if ext is None or not hasattr(ext, "screen_gemv_int16") or not fits:
         return None
     return ext.screen_gemv_int16(qweight, scales, hidden.float(), "avx512_vnni" in cpu_flags())
+
+
+def screen_radius(
+    center: torch.Tensor,
+    coefficients: torch.Tensor,
+    hidden_norm: float,
+    slack: float,
+    qrow_norms: torch.Tensor | None = None,
+    remainder_norm: float = 0.0,
+) -> torch.Tensor:
+    """The screening radius [V] screen_select's kernel computes: base + slack (|center| + base), with
+    base = c_i |h| (+ |Q(W_i)| |r| when qrow_norms is given: the int16 screen's remainder term)."""
+    base = coefficients * hidden_norm
+    if qrow_norms is not None:
+        base = base + qrow_norms * remainder_norm
+    return base + slack * (center.abs() + base)
 
 
 def screen_select(
@@ -111,9 +129,8 @@ def screen_select(
 ) -> torch.Tensor:
     """Candidate ids [n] of one screened row: upper bound >= the k-th best lower bound.
 
-    center, coefficients, noise, qrow_norms: [V] float32. radius_i = base_i + slack (|center_i| + base_i)
-    with base_i = c_i |h| (+ |Q(W_i)| |r| when qrow_norms is given: the int16 screen's remainder term);
-    bounds are divided by the temperature (when > 0) and shifted by the noise.
+    center, coefficients, noise, qrow_norms: [V] float32; the radius is screen_radius's; bounds are
+    divided by the temperature (when > 0) and shifted by the noise.
     """
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     ext = active()[1]
@@ -123,10 +140,7 @@ def screen_select(
             center, coefficients, hidden_norm, empty if qrow_norms is None else qrow_norms, remainder_norm,
             slack, inv_t, empty if noise is None else noise, k,
         )
-    base = coefficients * hidden_norm
-    if qrow_norms is not None:
-        base = base + qrow_norms * remainder_norm
-    radius = base + slack * (center.abs() + base)
+    radius = screen_radius(center, coefficients, hidden_norm, slack, qrow_norms, remainder_norm)
     lower, upper = (center - radius) * inv_t, (center + radius) * inv_t
     if noise is not None:
         lower, upper = lower + noise, upper + noise
@@ -147,6 +161,7 @@ __all__ = [
     "rms_norm",
     "screen_gemv",
     "screen_gemv_int16",
+    "screen_radius",
     "screen_select",
     "take_rows",
 ]

@@ -37,28 +37,11 @@ inline void for_tail(int64_t cols, F&& step) {
   if (rest > 16) step(j + 16, rest - 16);
 }
 
-// Every whole 32-element step of one weight row, decoded in registers: on_chunk(j, w0, w1) with the
-// weights of elements [j, j + 16) and [j + 16, j + 32).
-template <class D, class OnChunk>
-__attribute__((always_inline)) inline void for_each_chunk(const uint8_t* w, int64_t cols, OnChunk&& on_chunk) {
-  const int64_t blocks = cols / D::kQK;
-  for (int64_t k = 0; k < blocks; ++k) {
-    const uint8_t* block = w + k * D::kBytes;
-    const auto state = D::prepare(block);
-    SV_UNROLL
-    for (int c = 0; c < D::kQK / 32; ++c) {
-      V w0, w1;
-      D::chunk(state, block, c, w0, w1);
-      on_chunk(k * D::kQK + 32 * c, w0, w1);
-    }
-  }
-}
-
 // R consecutive weight rows (stride rb bytes) against N rows of x [N, cols]: y[b * ys + r] = <row r,
 // x[b]>. Every (r, b) pair has its own two accumulators, so each output is summed in the order above
 // whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait. With
 // prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is read.
-// (The block walk is for_each_chunk's, written out: R decoders interleaved with their FMAs.)
+// (decode_row walks the blocks the same way, one row, storing instead of multiplying.)
 template <class D, int R, int N>
 inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, bool prefetch_ahead, float* y, int64_t ys) {
   V acc[R][N][2];
@@ -125,10 +108,18 @@ inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t 
 // Rows of w decoded to float32: out[r, :] = dequantize(row r).
 template <class D>
 void decode_row(const uint8_t* w, int64_t cols, float* out) {
-  for_each_chunk<D>(w, cols, [&](int64_t j, V w0, V w1) __attribute__((always_inline)) {
-    store(out + j, w0);
-    store(out + j + 16, w1);
-  });
+  const int64_t blocks = cols / D::kQK;
+  for (int64_t k = 0; k < blocks; ++k) {
+    const uint8_t* block = w + k * D::kBytes;
+    const auto state = D::prepare(block);
+    SV_UNROLL
+    for (int c = 0; c < D::kQK / 32; ++c) {
+      V w0, w1;
+      D::chunk(state, block, c, w0, w1);
+      store(out + k * D::kQK + 32 * c, w0);
+      store(out + k * D::kQK + 32 * c + 16, w1);
+    }
+  }
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
       float buf[16];

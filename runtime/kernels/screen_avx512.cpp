@@ -270,7 +270,7 @@ float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm)
     finite = finite && std::isfinite(h[j]);
     amax = std::max(amax, std::fabs(h[j]));
   }
-  if (!finite || amax == 0.f || amax < 0x1p-60f || amax > 0x1p60f) {
+  if (!finite || amax < 0x1p-60f || amax > 0x1p60f) {  // (amax == 0 included: a = 0, |r| = 0)
     std::fill(a, a + d, int16_t{0});
     *remainder_norm = amax == 0.f && finite ? 0.0 : INFINITY;
     return 1.f;
@@ -278,7 +278,7 @@ float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm)
   int e;
   std::frexp(static_cast<double>(amax) / 32767.0, &e);  // 2^(e-1) <= amax / 32767 < 2^e
   while (std::ldexp(static_cast<double>(amax), -e) > 32767.0) ++e;  // t was rounded: make sure it fits
-  while (e > -1000 && std::ldexp(static_cast<double>(amax), -(e - 1)) <= 32767.0) --e;  // the smallest e that fits
+  while (std::ldexp(static_cast<double>(amax), -(e - 1)) <= 32767.0) --e;  // the smallest e that fits (amax > 0)
   double sum = 0.0;
   for (int64_t j = 0; j < d; ++j) {
     const double v = std::nearbyint(std::ldexp(static_cast<double>(h[j]), -e));  // |v| <= 32767
