@@ -75,6 +75,29 @@ def test_quant_linear_equals_fp32_kernel_on_dequantized(t: T) -> None:
         assert torch.equal(linear(x[:3], w, bias), linear(x[:3], dense, bias))
 
 
+@pytest.mark.parametrize("t", TYPES)
+def test_prefill_rows_get_their_one_row_bits(t: T) -> None:
+    """More than SKINNY_MAX_ROWS rows (a prefill chunk, run_tall's decoded tiles): each row's output is
+    torch.equal to that row alone, for block and fp32 weights, at 1 and 2 threads; the columns cover
+    one tile segment and several (> 1024, with a tail where the type allows), the rows a partial tile."""
+    if kernel_name() == "torch":
+        pytest.skip("SPECVOCAB_KERNELS=torch: the fallback is documented as not bit-identical")
+    qk = GGML_QUANT_SIZES[t][0]
+    before = torch.get_num_threads()
+    try:
+        for cols in (columns(t), {1: 2085, 32: 2080, 256: 2304}[qk]):
+            w = random_matrix(t, 83, cols, seed=cols)
+            dense = dequantize(w)  # [83, cols]
+            x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))  # 39 rows
+            alone = torch.cat([linear(x[i : i + 1], w) for i in range(x.shape[0])])  # [39, 83]
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                assert torch.equal(linear(x, w), alone), (cols, threads)
+                assert torch.equal(linear(x, dense), alone), (cols, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("path", build.PATHS)
 def test_compiled_paths_bit_identical(path: str) -> None:
     """Every path gives the active path's bits: fp32 skinny GEMM, block GEMM and take_rows, every type."""
@@ -88,8 +111,8 @@ def test_compiled_paths_bit_identical(path: str) -> None:
             assert torch.equal(other.skinny_linear(x[:n], w), active.skinny_linear(x[:n], w)), (d, n)
     for t in SUPPORTED_GGML_TYPES:
         w = random_matrix(t, 21, columns(t), seed=7)
-        x = torch.randn(9, w.cols, generator=g)
-        for n in (1, 2, 4, 9):
+        x = torch.randn(20, w.cols, generator=g)
+        for n in (1, 2, 4, 9, 20):
             assert torch.equal(other.quant_linear(x[:n], w.data, int(t), w.cols), active.quant_linear(x[:n], w.data, int(t), w.cols)), (t.name, n)
         ids = torch.arange(w.rows)
         assert torch.equal(other.take_rows(w.data, int(t), w.cols, ids), active.take_rows(w.data, int(t), w.cols, ids)), t.name

@@ -22,22 +22,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from runtime.backends.decoder import Decoder
 from runtime.backends.layers import DecoderLayer, KernelProjection, RMSNorm, UnsupportedModel, check_supported, layer_type
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
-from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, quant_linear_parts, take_rows
+from runtime.kernels import QuantMatrix, dequantize, quant_linear_parts, take_rows
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, type_name
 
 
 class NativeProjection(KernelProjection):
     """y = x Wᵀ + b over one or more GGUF matrices whose outputs sit side by side (q/k/v, gate/up).
 
-    For up to SKINNY_MAX_ROWS rows one kernel call fills the output from every part's blocks
-    (bit-identical to the lean kernel on the dequantized, concatenated rows); longer inputs
-    (prefill chunks) dequantize the parts and take the same torch call as the lean backend does.
+    One kernel call fills the output from every part's blocks, bit-identical to the lean kernel on
+    the dequantized, concatenated rows, for any number of rows (prefill chunks included).
     """
 
     def __init__(self, parts: list[QuantMatrix], bias: torch.Tensor | None = None) -> None:
@@ -50,12 +48,10 @@ class NativeProjection(KernelProjection):
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 
     def kernel_parts(self) -> tuple[list[QuantMatrix], torch.Tensor | None]:
-        """The GGUF matrices and the bias: what one kernel call takes for up to SKINNY_MAX_ROWS rows."""
+        """The GGUF matrices and the bias: what one kernel call takes."""
         return self.parts, self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > SKINNY_MAX_ROWS:
-            return F.linear(x, self.dense(), self.bias)
         out = quant_linear_parts(x, self.parts)  # [T, out]
         return out.add_(self.bias) if self.bias is not None else out
 

@@ -13,7 +13,7 @@ from runtime.kernels.build import active, cpu_flags
 from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
 
-SKINNY_MAX_ROWS = 16  # beyond this many rows, a packed GEMM (torch's) is faster than streaming
+SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
 INT16_SCREEN_MAX_COLS = 8192  # screen_avx512.cpp's kMaxIntCols: int32 sums of int8 x int16 pairs cannot overflow
 
 
@@ -23,12 +23,13 @@ def kernel_name() -> str:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b for x [n, d], weight [out, d] (fp32 or a QuantMatrix): the streaming kernel for a few rows.
+    """x W^T + b for x [n, d], weight [out, d] (fp32 or a QuantMatrix): the kernel, any n.
 
-    For n <= SKINNY_MAX_ROWS the kernel reads each weight row once for all rows of x and sums every
-    output in the same order whatever n is, so a verify forward over n tokens costs about one
-    weight read and gives each position the value a 1-token step would. A QuantMatrix always takes
-    the kernel (any n; see quant_linear); an fp32 weight with more rows takes torch's GEMM.
+    The kernel sums every output in the same order whatever n is: up to SKINNY_MAX_ROWS rows it reads
+    each weight row once for all of them (a verify forward over n tokens costs about one weight read
+    and gives each position the value a 1-token step would); a longer input (a prefill chunk) runs
+    over tiles of weight rows decoded once, with the same bits. Without compiled kernels, or with
+    grad, torch's GEMM.
     """
     if isinstance(weight, QuantMatrix):
         out = quant_linear(x, weight)  # [n, out]
@@ -36,7 +37,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tens
     if (
         not streams(weight)
         or x.dim() != 2
-        or x.shape[0] > SKINNY_MAX_ROWS
         or x.dtype != torch.float32
         or torch.is_grad_enabled() and x.requires_grad
     ):
@@ -46,8 +46,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tens
 
 
 def streams(weight: torch.Tensor) -> bool:
-    """Whether linear() streams this fp32 weight [out, d] through the skinny kernel (for up to
-    SKINNY_MAX_ROWS float32 rows of x), rather than handing it to torch's GEMM."""
+    """Whether linear() runs this fp32 weight [out, d] through the kernel (for float32 rows of x),
+    rather than handing it to torch's GEMM."""
     return (
         active()[1] is not None
         and weight.dtype == torch.float32

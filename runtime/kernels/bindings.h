@@ -27,6 +27,64 @@ void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* 
   });
 }
 
+// Many rows of x (a prefill chunk): each task decodes tile_rows(cols) weight rows to float32 once and runs
+// every group of kTallBatch rows of x over that tile with the F32 decoder, kSegmentCols columns at a
+// time (the group's segment of x stays in L1 while the tile's rows pass; each pair's accumulators
+// carry over to the next segment). Blocks decode to exactly the floats the F32 path reads and every
+// output is summed in run's order, so the bits are run's; the weights are read from memory and
+// decoded once instead of once per kMaxBatch rows of x, and x is reused from registers and L1.
+constexpr int64_t kSegmentCols = 1024;
+constexpr int64_t kTileFloats = 16384;  // a tile's rows times min(cols, kSegmentCols): 64 KB, L2-resident
+constexpr int64_t kMaxTileRows = 64;
+inline int64_t tile_rows(int64_t cols) { return std::clamp<int64_t>(kTileFloats / std::min(cols, kSegmentCols), 16, kMaxTileRows); }
+constexpr int kTallBatch = 6;  // rows of x per pass over a tile: rows_for(6) weight rows share it
+constexpr int64_t kTallMinRows = 16;  // more rows of x than this take run_tall (SKINNY_MAX_ROWS)
+
+// Rows [0, rows) of a float32 tile (stride tb bytes) against count (1..N) rows of x.
+template <int N>
+void tile_pass(int64_t count, const uint8_t* tile, int64_t tb, int64_t rows, const float* x, int64_t cols, float* y, int64_t ys) {
+  using F = blocks::F32;
+  if constexpr (N > 1) {
+    if (count < N) return tile_pass<N - 1>(count, tile, tb, rows, x, cols, y, ys);
+  }
+  constexpr int R = rows_for(N);
+  const int64_t groups = rows / R, steps = cols / F::kQK, segment = kSegmentCols / F::kQK;
+  if (steps <= segment) {  // one segment: the accumulators never leave registers
+    for (int64_t g = 0; g < groups; ++g) rows_dot<F, R, N>(tile + g * R * tb, tb, x, cols, false, y + g * R, ys);
+  } else {
+    Accumulators<R, N> acc[kMaxTileRows / R];
+    for (int64_t g = 0; g < groups; ++g) acc[g].clear();
+    for (int64_t k0 = 0; k0 < steps; k0 += segment) {
+      for (int64_t g = 0; g < groups; ++g)
+        rows_dot_blocks<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, k0, std::min(k0 + segment, steps), false);
+    }
+    for (int64_t g = 0; g < groups; ++g) rows_dot_finish<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, cols, y + g * R, ys);
+  }
+  for (int64_t i = groups * R; i < rows; ++i) rows_dot<F, 1, N>(tile + i * tb, tb, x, cols, false, y + i, ys);
+}
+
+template <class D>
+void run_tall(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
+  const int64_t tile_size = tile_rows(cols);
+  at::parallel_for(0, rows, tile_size, [&](int64_t begin, int64_t end) {
+    std::vector<float> tile;
+    for (int64_t t0 = begin; t0 < end; t0 += tile_size) {
+      const int64_t count_rows = std::min<int64_t>(tile_size, end - t0);
+      const uint8_t* tw = w + t0 * rb;
+      int64_t tb = rb;
+      if constexpr (D::kType != blocks::F32::kType) {
+        tile.resize(static_cast<size_t>(tile_size * cols));
+        for (int64_t r = 0; r < count_rows; ++r) decode_row<D>(w + (t0 + r) * rb, cols, tile.data() + r * cols);
+        tw = reinterpret_cast<const uint8_t*>(tile.data());
+        tb = cols * static_cast<int64_t>(sizeof(float));
+      }
+      for (int64_t b0 = 0; b0 < n; b0 += kTallBatch) {
+        tile_pass<kTallBatch>(std::min<int64_t>(kTallBatch, n - b0), tw, tb, count_rows, x + b0 * cols, cols, y + b0 * ys + t0, ys);
+      }
+    }
+  });
+}
+
 template <class D>
 int64_t row_bytes(int64_t cols) {
   return D::kElementwise ? cols * (D::kBytes / D::kQK) : cols / D::kQK * D::kBytes;
@@ -57,8 +115,9 @@ torch::Tensor quant_linear_parts(torch::Tensor x, std::vector<torch::Tensor> dat
   int64_t offset = 0;
   for (size_t p = 0; p < data.size(); ++p) {
     dispatch(data[p], types[p], cols, [&](auto d) {
-      run<decltype(d)>(data[p].data_ptr<uint8_t>(), data[p].size(0), data[p].size(1), cols, x.data_ptr<float>(), x.size(0),
-                       y.data_ptr<float>() + offset, total);
+      const auto go = x.size(0) > kTallMinRows ? run_tall<decltype(d)> : run<decltype(d)>;
+      go(data[p].data_ptr<uint8_t>(), data[p].size(0), data[p].size(1), cols, x.data_ptr<float>(), x.size(0),
+         y.data_ptr<float>() + offset, total);
     });
     offset += data[p].size(0);
   }

@@ -37,21 +37,29 @@ inline void for_tail(int64_t cols, F&& step) {
   if (rest > 16) step(j + 16, rest - 16);
 }
 
-// R consecutive weight rows (stride rb bytes) against N rows of x [N, cols]: y[b * ys + r] = <row r,
-// x[b]>. Every (r, b) pair has its own two accumulators, so each output is summed in the order above
-// whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait. With
-// prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is read.
-// (decode_row walks the blocks the same way, one row, storing instead of multiplying.)
-template <class D, int R, int N>
-inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, bool prefetch_ahead, float* y, int64_t ys) {
-  V acc[R][N][2];
-  SV_UNROLL
-  for (int r = 0; r < R; ++r) {
+// The two accumulators of each (weight row r, x row b) pair of a rows_dot pass.
+template <int R, int N>
+struct Accumulators {
+  V v[R][N][2];
+  void clear() {
     SV_UNROLL
-    for (int b = 0; b < N; ++b) acc[r][b][0] = acc[r][b][1] = zero();
+    for (int r = 0; r < R; ++r) {
+      SV_UNROLL
+      for (int b = 0; b < N; ++b) v[r][b][0] = v[r][b][1] = zero();
+    }
   }
-  const int64_t blocks = cols / D::kQK;
-  for (int64_t k = 0; k < blocks; ++k) {
+};
+
+// Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x (stride xs
+// floats, the same columns), added to acc. Every (r, b) pair has its own two accumulators, so each
+// output is summed in the order above whatever R and N are; R > 1 gives the core independent rows
+// to decode while FMAs wait. With prefetch_ahead, each block of the rows kPrefetchRows further on is
+// prefetched as this one is read.
+template <class D, int R, int N>
+inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t xs, int64_t k0, int64_t k1,
+                            bool prefetch_ahead) {
+  Accumulators<R, N> a = acc;  // a local copy stays in registers (acc may alias x for the compiler)
+  for (int64_t k = k0; k < k1; ++k) {
     const uint8_t* block = w + k * D::kBytes;
     typename D::State state[R];
     SV_UNROLL
@@ -62,33 +70,53 @@ inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols,
     SV_UNROLL
     for (int c = 0; c < D::kQK / 32; ++c) {
       const int64_t j = k * D::kQK + 32 * c;
+      V w[R][2];
       SV_UNROLL
-      for (int r = 0; r < R; ++r) {
-        V w0, w1;
-        D::chunk(state[r], block + r * rb, c, w0, w1);
+      for (int r = 0; r < R; ++r) D::chunk(state[r], block + r * rb, c, w[r][0], w[r][1]);
+      SV_UNROLL
+      for (int b = 0; b < N; ++b) {
+        // Each x vector loaded once into a register for the R rows (GCC would fold it into every FMA).
+        const V x0 = in_register(load(x + b * xs + j)), x1 = in_register(load(x + b * xs + j + 16));
         SV_UNROLL
-        for (int b = 0; b < N; ++b) {
-          acc[r][b][0] = fma(w0, load(x + b * cols + j), acc[r][b][0]);
-          acc[r][b][1] = fma(w1, load(x + b * cols + j + 16), acc[r][b][1]);
+        for (int r = 0; r < R; ++r) {
+          a.v[r][b][0] = fma(w[r][0], x0, a.v[r][b][0]);
+          a.v[r][b][1] = fma(w[r][1], x1, a.v[r][b][1]);
         }
       }
     }
   }
+  acc = a;
+}
+
+// After the last block: the elementwise types' tail, then y[b * ys + r] = reduce(acc0 + acc1).
+template <class D, int R, int N>
+inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t xs, int64_t cols, float* y,
+                            int64_t ys) {
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
       SV_UNROLL
       for (int r = 0; r < R; ++r) {
         const V w0 = D::partial(w + r * rb, j, m);
         SV_UNROLL
-        for (int b = 0; b < N; ++b) acc[r][b][0] = fma(w0, load_partial(x + b * cols + j, m), acc[r][b][0]);
+        for (int b = 0; b < N; ++b) acc.v[r][b][0] = fma(w0, load_partial(x + b * xs + j, m), acc.v[r][b][0]);
       }
     });
   }
   SV_UNROLL
   for (int r = 0; r < R; ++r) {
     SV_UNROLL
-    for (int b = 0; b < N; ++b) y[b * ys + r] = reduce(add(acc[r][b][0], acc[r][b][1]));
+    for (int b = 0; b < N; ++b) y[b * ys + r] = reduce(add(acc.v[r][b][0], acc.v[r][b][1]));
   }
+}
+
+// R consecutive weight rows against N rows of x [N, cols]: y[b * ys + r] = <row r, x[b]>.
+// (decode_row walks the blocks the same way, one row, storing instead of multiplying.)
+template <class D, int R, int N>
+inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, bool prefetch_ahead, float* y, int64_t ys) {
+  Accumulators<R, N> acc;
+  acc.clear();
+  rows_dot_blocks<D, R, N>(acc, w, rb, x, cols, 0, cols / D::kQK, prefetch_ahead);
+  rows_dot_finish<D, R, N>(acc, w, rb, x, cols, cols, y, ys);
 }
 
 // Weight rows [begin, end) against count (1..N) rows of x: rows_for(count) weight rows per pass,

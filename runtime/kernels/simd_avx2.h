@@ -23,6 +23,7 @@ inline V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
 inline V bcast(const float* p) { return set1(*p); }  // set1(*p)
 inline V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V in_register(V a) { return a; }  // (AVX-512 pins loads in registers; here the compiler chooses)
 inline V load_partial(const float* p, int64_t n) {  // lanes >= n: +0
   alignas(32) float buf[16] = {};
   std::memcpy(buf, p, static_cast<size_t>(n < 16 ? n : 16) * sizeof(float));

@@ -32,6 +32,8 @@ inline V set1(float a) { return {_mm512_set1_ps(a)}; }
 // in registers and broadcast each lane with a permute.
 inline V bcast(const float* p) { __m512 r; asm("vbroadcastss %1, %0" : "=v"(r) : "m"(*p)); return {r}; }
 inline V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+// a, kept in a register: the compiler cannot fold its load into each use as a memory operand.
+inline V in_register(V a) { asm("" : "+v"(a.v)); return a; }
 inline V load_partial(const float* p, int64_t n) { return {_mm512_maskz_loadu_ps(tail_mask(n), p)}; }  // lanes >= n: +0
 inline void store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
 inline V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }

@@ -23,6 +23,7 @@ inline V zero() { V r; SV_LANES r.v[l] = 0.0f; return r; }
 inline V set1(float a) { V r; SV_LANES r.v[l] = a; return r; }
 inline V bcast(const float* p) { return set1(*p); }  // set1(*p)
 inline V load(const float* p) { V r; std::memcpy(r.v, p, sizeof(r.v)); return r; }
+inline V in_register(V a) { return a; }  // (AVX-512 pins loads in registers; here the compiler chooses)
 inline V load_partial(const float* p, int64_t n) {  // lanes >= n: +0
   V r = zero();
   std::memcpy(r.v, p, static_cast<size_t>(n < 16 ? n : 16) * sizeof(float));
