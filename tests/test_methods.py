@@ -24,7 +24,7 @@ EXAMPLES = {
     "swarm": ["swarm:onedecode:4", "swarm:int8:4", "swarm:layers:1:2:gamma=3:nodes=8+csv"],
     "mjsd": ["mjsd:int8", "mjsd:layers:1:beam=2:tau=0.5:gamma=3"], "llamacpp": ["llamacpp"],
 }
-DRAFTER_EXAMPLES = {"ngram": "ngram:3", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
+DRAFTER_EXAMPLES = {"ngram": "ngram:3", "lookup": "lookup:4", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
                     "int8": "int8", "dynaspec": "dynaspec:int8:k=4", "frspec": "frspec:layers:1:20",
                     "onedecode": "onedecode:fallback=ngram"}
 # The tiny model's artifact has the screen and clusters stages only: no router, no gp bases, one layer to drop.
@@ -50,7 +50,7 @@ def test_every_registration_has_an_example_that_round_trips():
     ("spec:draft-model", "unknown drafter"), ("spec:ngram:no-verifier", "gp, int8"), ("ar+csv", "+csv applies"),
     ("spec:ngram+fast", "use +csv"), ("spec:layers:x", "layers:N"), ("dynaspec:int8:k=0", "k=8"),
     ("dynaspec:int8:schedule=z", "fixed or position"), ("frspec:int8", "TOKENS"), ("spec:gp:16:foo", "gp:RANK"),
-    ("screenspec:layers:2+csv", "+csv"), ("ar:fast", "ar:transformers"),
+    ("screenspec:layers:2+csv", "+csv"), ("ar:fast", "ar:transformers"), ("spec:lookup:x", "lookup:4"),
 ])
 def test_bad_names_are_one_line_errors_naming_the_fix(name, fragment):
     with pytest.raises(ValueError) as error:

@@ -10,7 +10,7 @@ import torch
 
 from prep.screen import build_screen
 from runtime.decode import generate_ar
-from runtime.drafters import LayerDrafter, NgramDrafter
+from runtime.drafters import LayerDrafter, LookupDrafter, NgramDrafter
 from runtime.methods import DrafterSpec, parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.speculative import generate_speculative, next_gamma
@@ -53,6 +53,8 @@ def certified_head(target: TransformersTarget) -> CertifiedHead:
 def make_drafter(spec: str, target: TransformersTarget):
     if spec == "ngram":
         return NgramDrafter()
+    if spec == "lookup":
+        return LookupDrafter()
     return LayerDrafter(target, int(spec.split(":")[1]), full_head(target))
 
 
@@ -66,6 +68,7 @@ LOOPS = {
     "ngram": ("ngram", 4, False),
     "ngram-gamma1": ("ngram", 1, False),
     "ngram-adaptive": ("ngram", 2, True),
+    "lookup-adaptive": ("lookup", 4, True),
     "layers1": ("layers:1", 4, False),
     "layers1-adaptive": ("layers:1", 3, True),
 }
@@ -241,6 +244,40 @@ def test_ngram_drafter_prefers_the_longest_most_recent_match():
     assert drafter.propose([1, 2, 3], 4).tokens.numel() == 0
     assert drafter.propose([1, 2, 1, 2], 0).tokens.numel() == 0
     assert NgramDrafter(max_ngram=2, min_ngram=2).propose([3, 5, 3, 6, 3], 4).tokens.numel() == 0
+
+
+def test_lookup_drafts_at_most_the_match_length_and_prefers_the_context():
+    drafter = LookupDrafter(max_ngram=4)
+    # "1 2 3" (3 tokens) occurred before: at most 3 tokens follow it.
+    assert drafter.propose([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], 8).tokens.tolist() == [4, 5, 6]
+    assert drafter.propose([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], 2).tokens.tolist() == [4, 5]  # and at most k
+    assert drafter.propose([5, 9, 5], 8).tokens.tolist() == [9]  # a 1-token match drafts one
+    assert drafter.propose([1, 2], 0).tokens.numel() == 0
+
+
+def test_lookup_remembers_earlier_sequences_of_its_session():
+    drafter = LookupDrafter(max_ngram=4)
+    params = SamplingParams()
+    drafter.reset([10, 11, 12], params, None)
+    drafter.propose([10, 11, 12, 13], 4)  # the loop's context: the prompt plus the first token
+    drafter.observe(Verdict(drafted=0, accepted=0, tokens=[14, 15, 16]))
+    assert drafter.history == []  # remembered at the next reset
+    drafter.reset([7, 8], params, None)
+    assert drafter.history == [[10, 11, 12, 13, 14, 15, 16]]
+    assert drafter.propose([7, 8, 12, 13], 4).tokens.tolist() == [14, 15]  # "12 13": a 2-token match
+    assert drafter.propose([7, 8, 9, 13], 4).tokens.numel() == 0  # one token is not enough outside the context
+    assert drafter.propose([12, 13, 7, 12, 13], 4).tokens.tolist() == [7, 12]  # the context before the session
+
+
+def test_lookup_history_keeps_the_newest_tokens_within_its_limit():
+    drafter = LookupDrafter(max_ngram=2, max_history_tokens=10)
+    for first in range(5):
+        drafter.reset([100 + first, 1, 2, 3], SamplingParams(), None)
+        drafter.reset([0], SamplingParams(), None)
+    assert sum(len(s) for s in drafter.history) <= 10 and drafter.history[-1] == [104, 1, 2, 3]
+    assert [100, 1, 2, 3] not in drafter.history
+    assert drafter.propose([9, 104, 1], 2).tokens.tolist() == [2, 3]
+    assert drafter.propose([9, 100, 1], 2).tokens.numel() == 0  # dropped, and "1" alone is not looked up
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp
 from runtime.drafters.int8 import Int8Drafter
 from runtime.drafters.layers import LayerDrafter
 from runtime.drafters.model import ModelDrafter, load_model_drafter
+from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.ngram import NgramDrafter
 from runtime.drafters.onedecode import ONEDECODE_HELP, build_onedecode, parse_onedecode
 from runtime.drafters.shortlist_names import build_shortlisted, parse_shortlisted
@@ -96,6 +97,12 @@ def _ngram(args: list[str]) -> tuple[str, ...]:
     return tuple(str(_integer(a, "ngram:MAX_NGRAM", "ngram:3")) for a in args)
 
 
+def _lookup(args: list[str]) -> tuple[str, ...]:
+    if len(args) > 1:
+        raise ValueError(f"lookup takes at most one argument (the longest n-gram), not {':'.join(args)!r}; e.g. lookup:4")
+    return tuple(str(_integer(a, "lookup:MAX_NGRAM", "lookup:4")) for a in args)
+
+
 def _layers(args: list[str]) -> tuple[str, ...]:
     if len(args) != 1:
         raise ValueError(f"layers takes one layer count, layers:N, not layers:{':'.join(args)}; e.g. layers:6")
@@ -139,6 +146,10 @@ register_drafter(DrafterEntry(
     "ngram", _ngram, lambda c, a: NgramDrafter(*(int(x) for x in a)),
     "ngram[:MAX_NGRAM] (prompt lookup)", head="none"))
 register_drafter(DrafterEntry(
+    "lookup", _lookup, lambda c, a: LookupDrafter(*(int(x) for x in a)),
+    "lookup[:MAX_NGRAM] (prompt lookup plus the session's earlier sequences; an n-token match drafts at most n)",
+    head="none"))
+register_drafter(DrafterEntry(
     "layers", _layers, lambda c, a: LayerDrafter(c.target, int(a[0]), c.head),
     "layers:N (the target's first N layers)"))
 register_drafter(DrafterEntry(
@@ -161,7 +172,8 @@ register_drafter(DrafterEntry("onedecode", parse_onedecode, build_onedecode, ONE
 
 
 __all__ = [
-    "DRAFTERS", "DraftContext", "Drafter", "DrafterEntry", "GPDrafter", "Int8Drafter", "LayerDrafter", "ModelDrafter",
+    "DRAFTERS", "DraftContext", "Drafter", "DrafterEntry", "GPDrafter", "Int8Drafter", "LayerDrafter", "LookupDrafter",
+    "ModelDrafter",
     "NgramDrafter", "Proposal", "build_drafter", "drafters_help", "load_model_drafter", "parse_drafter",
     "register_drafter",
 ]

@@ -102,11 +102,13 @@ inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
       }
     });
   }
+  V sums[R * N];
   SV_UNROLL
   for (int r = 0; r < R; ++r) {
     SV_UNROLL
-    for (int b = 0; b < N; ++b) y[b * ys + r] = reduce(add(acc.v[r][b][0], acc.v[r][b][1]));
+    for (int b = 0; b < N; ++b) sums[r * N + b] = add(acc.v[r][b][0], acc.v[r][b][1]);
   }
+  reduce_rows<R, N>(sums, y, ys);
 }
 
 // R consecutive weight rows against N rows of x [N, cols]: y[b * ys + r] = <row r, x[b]>.

@@ -22,6 +22,8 @@ namespace ops {
 
 using namespace simd;
 
+constexpr int kValueSteps = 8;  // attention outputs: up to 128 lanes (a head) per pass over the values
+
 // <a, b> over n floats: the skinny kernel's own order (gemm.h, an F32 row against one row of x).
 inline float dot(const float* a, const float* b, int64_t n) {
   float out;
@@ -152,9 +154,18 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
       const float* vh = vp + (h / group) * capacity * hd;
       const auto& seen = slots[t];
       const int64_t n = static_cast<int64_t>(seen.size());
+      // Scores: the keys of each run of consecutive slots in one rows_dot pass of a few keys at a time
+      // (each score is dot's value: the skinny kernel's order), then the scale.
+      for (int64_t j = 0; j < n;) {
+        int64_t run = 1;
+        while (j + run < n && seen[j + run] == seen[j] + run) ++run;
+        gemm::rows_dot_range<blocks::F32, 1>(1, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd), hd * static_cast<int64_t>(sizeof(float)),
+                                             0, run, qr, hd, false, p.data() + j, 1);
+        j += run;
+      }
       float top = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
-        p[j] = dot(qr, kh + seen[j] * hd, hd) * scalef;
+        p[j] *= scalef;
         top = std::max(top, p[j]);
       }
       float total = 0.0f;
@@ -163,13 +174,21 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
         total += p[j];
       }
       float* o = op + item * hd;
-      for (int64_t i = 0; i < hd; i += 16) {  // 16 output lanes at a time (the last step masked)
-        const int64_t m = std::min<int64_t>(16, hd - i);
-        V acc = zero();
-        for (int64_t j = 0; j < n; ++j) acc = fma(set1(p[j]), load_partial(vh + seen[j] * hd + i, m), acc);
-        float lanes[16];
-        store(lanes, acc);
-        std::copy(lanes, lanes + m, o + i);
+      for (int64_t i0 = 0; i0 < hd; i0 += 16 * kValueSteps) {  // kValueSteps x 16 output lanes per pass over the values
+        const int64_t steps = std::min<int64_t>(kValueSteps, (hd - i0 + 15) / 16);
+        V acc[kValueSteps];
+        for (int s = 0; s < kValueSteps; ++s) acc[s] = zero();
+        for (int64_t j = 0; j < n; ++j) {  // each lane sums over the keys in order, as one lane at a time would
+          const V weight = bcast(&p[j]);
+          const float* value = vh + seen[j] * hd + i0;
+          for (int s = 0; s < steps; ++s) acc[s] = fma(weight, load_partial(value + 16 * s, std::min<int64_t>(16, hd - i0 - 16 * s)), acc[s]);
+        }
+        for (int s = 0; s < steps; ++s) {
+          const int64_t m = std::min<int64_t>(16, hd - i0 - 16 * s);
+          float lanes[16];
+          store(lanes, acc[s]);
+          std::copy(lanes, lanes + m, o + i0 + 16 * s);
+        }
       }
       for (int64_t i = 0; i < hd; ++i) o[i] /= total;
     }

@@ -41,6 +41,12 @@ inline float reduce(V a) {
   const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
   return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, _MM_SHUFFLE(1, 1, 1, 1)));
 }
+// y[b * ys + r] = reduce(v[r * Cols + b]) (the AVX-512 path transposes the trees; here one at a time).
+template <int Rows, int Cols>
+inline void reduce_rows(const V* v, float* y, int64_t ys) {
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < Cols; ++b) y[b * ys + r] = reduce(v[r * Cols + b]);
+}
 
 inline V to_float(I a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 inline I load_u8(const uint8_t* p) {

@@ -43,6 +43,49 @@ inline V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a *
 // GCC's tree (avx512fintrin.h __MM512_REDUCE_OP): lanes 8..15 + 0..7, then 4 + 4, then {2,3,0,1}, then [0] + [1].
 inline float reduce(V a) { return _mm512_reduce_add_ps(a.v); }
 
+// y[b * ys + r] = reduce(v[r * Cols + b]) for r < Rows, b < Cols (Rows * Cols <= 16), every sum in
+// reduce's pairing (lanes i + (i + 8), then + 4, then + 2, then + 1; IEEE addition commutes). The 16
+// trees run transposed, each step adding two inputs' worth of lanes at once (4 shuffles and 2 adds per
+// pair instead of ~9 uops per input); one permute orders the results by b, and one masked store per b
+// writes its Rows outputs (no scalar reloads of a vector store, which would stall store forwarding).
+template <int Rows, int Cols>
+inline void reduce_rows(const V* v, float* y, int64_t ys) {
+  constexpr int kCount = Rows * Cols;
+  static_assert(kCount <= 16, "reduce_rows takes at most 16 vectors");
+  if constexpr (kCount < 4) {  // too few to share the tree's shuffles
+    for (int r = 0; r < Rows; ++r)
+      for (int b = 0; b < Cols; ++b) y[b * ys + r] = reduce(v[r * Cols + b]);
+    return;
+  } else {
+    // Steps over the inputs that exist (the rest are +0 and feed nothing that is kept).
+    constexpr int k3 = (kCount + 1) / 2, k6 = (kCount + 3) / 4, k8 = (kCount + 7) / 8;
+    const __m512 zero = _mm512_setzero_ps();
+    const auto in = [&](int i) { return i < kCount ? v[i].v : zero; };
+    __m512 t3[8], t6[4], t8[2];
+    for (int i = 0; i < k3; ++i)  // [a[2i] lanes j + (j + 8), a[2i + 1] lanes j + (j + 8)], j < 8
+      t3[i] = _mm512_add_ps(_mm512_shuffle_f32x4(in(2 * i), in(2 * i + 1), 0x44), _mm512_shuffle_f32x4(in(2 * i), in(2 * i + 1), 0xEE));
+    for (int i = k3; i < 8; ++i) t3[i] = zero;
+    for (int i = 0; i < k6; ++i)  // one 128-bit lane per input a[4i..4i+3]: its j + (j + 4), j < 4
+      t6[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t3[2 * i], t3[2 * i + 1], 0x88), _mm512_shuffle_f32x4(t3[2 * i], t3[2 * i + 1], 0xDD));
+    for (int i = k6; i < 4; ++i) t6[i] = zero;
+    for (int i = 0; i < k8; ++i)  // 128-bit lane l: inputs 8i + l and 8i + 4 + l, each its 0 + 2 and 1 + 3
+      t8[i] = _mm512_add_ps(_mm512_shuffle_ps(t6[2 * i], t6[2 * i + 1], 0x44), _mm512_shuffle_ps(t6[2 * i], t6[2 * i + 1], 0xEE));
+    for (int i = k8; i < 2; ++i) t8[i] = zero;
+    // Lane 4l + m: input 4m + l, its 0 + 1.
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t8[0], t8[1], 0x88), _mm512_shuffle_ps(t8[0], t8[1], 0xDD));
+    alignas(64) static constexpr struct Order {
+      int32_t lane[16];
+      constexpr Order() : lane() {
+        for (int b = 0; b < Cols; ++b)
+          for (int q = 0; q < Rows; ++q) lane[b * Rows + q] = 4 * ((q * Cols + b) % 4) + (q * Cols + b) / 4;  // lane b * Rows + q <- input q * Cols + b
+      }
+    } kOrder{};
+    const __m512 ordered = _mm512_permutexvar_ps(_mm512_load_si512(kOrder.lane), r);
+    for (int b = 0; b < Cols; ++b)  // lanes [b * Rows, (b + 1) * Rows) land at y + b * ys
+      _mm512_mask_storeu_ps(y + b * ys - b * Rows, static_cast<__mmask16>(((1u << Rows) - 1u) << (b * Rows)), ordered);
+  }
+}
+
 inline V to_float(I a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline I load_u8(const uint8_t* p) { return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline I load_i8(const uint8_t* p) { return {_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }

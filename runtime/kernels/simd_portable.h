@@ -41,6 +41,12 @@ inline float reduce(V a) {
   for (int l = 0; l < 4; ++l) t6[l] = t3[l + 4] + t3[l];
   return (t6[0] + t6[2]) + (t6[1] + t6[3]);
 }
+// y[b * ys + r] = reduce(v[r * Cols + b]) (the AVX-512 path transposes the trees; here one at a time).
+template <int Rows, int Cols>
+inline void reduce_rows(const V* v, float* y, int64_t ys) {
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < Cols; ++b) y[b * ys + r] = reduce(v[r * Cols + b]);
+}
 
 inline V to_float(I a) { V r; SV_LANES r.v[l] = static_cast<float>(a.v[l]); return r; }
 inline I load_u8(const uint8_t* p) { I r; SV_LANES r.v[l] = p[l]; return r; }

@@ -1,0 +1,87 @@
+"""Session lookup drafter: prompt lookup over the context, then over the sequences decoded before it.
+
+llama.cpp's lookup decoding keeps a dynamic n-gram cache of what the model already generated; this is
+that idea on top of runtime.drafters.ngram. The context's last n tokens (n = max_ngram down to 1) are
+looked up in the context first (the most recent earlier occurrence), then, for n >= MIN_HISTORY_NGRAM,
+in the earlier sequences of this drafter's session (prompt plus output, the most recent occurrence).
+A match of n tokens drafts at most n tokens: a longer match is trusted further, and a one-token match
+(often a space or a bracket) drafts one.
+
+The session is the drafter object: a Method built once per Engine keeps it across generate calls and
+bench prompts; a new process starts empty. Drafts are verified like any other, so outputs stay exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.drafters.base import Proposal, empty_proposal
+from runtime.drafters.ngram import find_latest
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.verify import Verdict
+
+MIN_HISTORY_NGRAM = 2  # a single token matches everywhere in other sequences: not worth a draft
+MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this many tokens, the newest
+
+
+class LookupDrafter:
+    """Prompt lookup plus the session's earlier sequences; a match of n tokens drafts at most n."""
+
+    def __init__(self, max_ngram: int = 4, max_history_tokens: int = MAX_HISTORY_TOKENS) -> None:
+        if max_ngram < 1:
+            raise ValueError(f"need max_ngram >= 1, got {max_ngram}")
+        self.max_ngram, self.max_history_tokens = max_ngram, max_history_tokens
+        self.history: list[list[int]] = []  # earlier sequences, oldest first
+        # n-gram (MIN_HISTORY_NGRAM <= n <= max_ngram) -> (sequence index, position after it), most recent
+        self._index: dict[tuple[int, ...], tuple[int, int]] = {}
+        self._sequence: list[int] = []  # the current sequence as far as the verifier has seen it
+
+    def reset(
+        self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None, ban: TokenBan = NO_BAN
+    ) -> None:
+        """Add the sequence decoded before (if any) to the session, then start on `prompt`."""
+        if self._sequence:
+            self.remember(self._sequence)
+        self._sequence = list(prompt)
+
+    def remember(self, sequence: list[int]) -> None:
+        """Index one finished sequence; past MAX_HISTORY_TOKENS the oldest sequences are dropped."""
+        self.history.append(list(sequence))
+        if sum(len(s) for s in self.history) > self.max_history_tokens:
+            while len(self.history) > 1 and sum(len(s) for s in self.history) > self.max_history_tokens // 2:
+                self.history.pop(0)
+            self._index = {}
+            for index in range(len(self.history)):
+                self._add_to_index(index)
+        else:
+            self._add_to_index(len(self.history) - 1)
+
+    def _add_to_index(self, index: int) -> None:
+        sequence = self.history[index]
+        for end in range(1, len(sequence)):  # a later occurrence overwrites an earlier one
+            for n in range(MIN_HISTORY_NGRAM, min(self.max_ngram, end) + 1):
+                self._index[tuple(sequence[end - n : end])] = (index, end)
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        """At most min(k, n) tokens after the longest matching suffix of n tokens: the context's own
+        most recent earlier occurrence first, then the session's."""
+        self._sequence = list(context)
+        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
+            limit = min(k, n)
+            if limit <= 0:
+                return empty_proposal()
+            start = find_latest(context, n)
+            if start is not None:
+                return Proposal(torch.tensor(context[start + n : start + n + limit], dtype=torch.long))
+            if n >= MIN_HISTORY_NGRAM:
+                hit = self._index.get(tuple(context[-n:]))
+                if hit is not None:
+                    sequence, end = self.history[hit[0]], hit[1]
+                    follow = sequence[end : end + limit]
+                    if follow:
+                        return Proposal(torch.tensor(follow, dtype=torch.long))
+        return empty_proposal()
+
+    def observe(self, verdict: Verdict) -> None:
+        """The verified tokens join the current sequence (what the session will remember)."""
+        self._sequence.extend(int(t) for t in verdict.tokens)
