@@ -49,7 +49,7 @@ inline float reduce(V a) { return _mm512_reduce_add_ps(a.v); }
 // pair instead of ~9 uops per input); one permute orders the results by b, and one masked store per b
 // writes its Rows outputs (no scalar reloads of a vector store, which would stall store forwarding).
 template <int Rows, int Cols>
-inline void reduce_rows(const V* v, float* y, int64_t ys) {
+__attribute__((always_inline)) inline void reduce_rows(const V* v, float* y, int64_t ys) {
   constexpr int kCount = Rows * Cols;
   static_assert(kCount <= 16, "reduce_rows takes at most 16 vectors");
   if constexpr (kCount < 4) {  // too few to share the tree's shuffles
