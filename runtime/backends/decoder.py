@@ -197,7 +197,7 @@ class Decoder:
         if not 0 < count <= total or cache.length != start + total - count:
             raise ValueError(f"forward_tree feeds the last {count} of {total} nodes after {start} prefix tokens, "
                              f"but the cache holds {cache.length}")
-        if count > SKINNY_MAX_ROWS:  # row-wise kernels are batch-invariant up to SKINNY_MAX_ROWS rows
+        if count > SKINNY_MAX_ROWS:  # chunks the one-call layer (layer_plan) takes; every row keeps its bits
             first = total - count
             return torch.cat([
                 self.forward_tree(chunk, torch.tensor(parents[: first + offset + chunk.numel()]), cache, start)

@@ -91,16 +91,15 @@ def _integer(value: str, what: str, example: str, low: int = 1) -> int:
     return int(value)
 
 
-def _ngram(args: list[str]) -> tuple[str, ...]:
-    if len(args) > 1:
-        raise ValueError(f"ngram takes at most one argument (the longest n-gram), not {':'.join(args)!r}; e.g. ngram:3")
-    return tuple(str(_integer(a, "ngram:MAX_NGRAM", "ngram:3")) for a in args)
+def _max_ngram(name: str, example: int) -> Callable[[list[str]], tuple[str, ...]]:
+    """The parser of NAME[:MAX_NGRAM] (ngram, lookup): at most one positive integer."""
+    def parse(args: list[str]) -> tuple[str, ...]:
+        if len(args) > 1:
+            raise ValueError(f"{name} takes at most one argument (the longest n-gram), not {':'.join(args)!r}; "
+                             f"e.g. {name}:{example}")
+        return tuple(str(_integer(a, f"{name}:MAX_NGRAM", f"{name}:{example}")) for a in args)
 
-
-def _lookup(args: list[str]) -> tuple[str, ...]:
-    if len(args) > 1:
-        raise ValueError(f"lookup takes at most one argument (the longest n-gram), not {':'.join(args)!r}; e.g. lookup:4")
-    return tuple(str(_integer(a, "lookup:MAX_NGRAM", "lookup:4")) for a in args)
+    return parse
 
 
 def _layers(args: list[str]) -> tuple[str, ...]:
@@ -143,10 +142,10 @@ def _build_model(context: DraftContext, args: tuple[str, ...]) -> Drafter:
 
 
 register_drafter(DrafterEntry(
-    "ngram", _ngram, lambda c, a: NgramDrafter(*(int(x) for x in a)),
+    "ngram", _max_ngram("ngram", 3), lambda c, a: NgramDrafter(*(int(x) for x in a)),
     "ngram[:MAX_NGRAM] (prompt lookup)", head="none"))
 register_drafter(DrafterEntry(
-    "lookup", _lookup, lambda c, a: LookupDrafter(*(int(x) for x in a)),
+    "lookup", _max_ngram("lookup", 4), lambda c, a: LookupDrafter(*(int(x) for x in a)),
     "lookup[:MAX_NGRAM] (prompt lookup plus the session's earlier sequences; an n-token match drafts at most n)",
     head="none"))
 register_drafter(DrafterEntry(
@@ -173,7 +172,6 @@ register_drafter(DrafterEntry("onedecode", parse_onedecode, build_onedecode, ONE
 
 __all__ = [
     "DRAFTERS", "DraftContext", "Drafter", "DrafterEntry", "GPDrafter", "Int8Drafter", "LayerDrafter", "LookupDrafter",
-    "ModelDrafter",
-    "NgramDrafter", "Proposal", "build_drafter", "drafters_help", "load_model_drafter", "parse_drafter",
+    "ModelDrafter", "NgramDrafter", "Proposal", "build_drafter", "drafters_help", "load_model_drafter", "parse_drafter",
     "register_drafter",
 ]

@@ -58,7 +58,7 @@ void tile_pass(int64_t count, const uint8_t* tile, int64_t tb, int64_t rows, con
       for (int64_t g = 0; g < groups; ++g)
         rows_dot_blocks<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, k0, std::min(k0 + segment, steps), false);
     }
-    for (int64_t g = 0; g < groups; ++g) rows_dot_finish<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, cols, y + g * R, ys);
+    for (int64_t g = 0; g < groups; ++g) rows_dot_finish<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, y + g * R, ys);
   }
   for (int64_t i = groups * R; i < rows; ++i) rows_dot<F, 1, N>(tile + i * tb, tb, x, cols, false, y + i, ys);
 }

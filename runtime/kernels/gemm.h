@@ -50,13 +50,13 @@ struct Accumulators {
   }
 };
 
-// Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x (stride xs
-// floats, the same columns), added to acc. Every (r, b) pair has its own two accumulators, so each
+// Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x [N, cols],
+// added to acc. Every (r, b) pair has its own two accumulators, so each
 // output is summed in the order above whatever R and N are; R > 1 gives the core independent rows
 // to decode while FMAs wait. With prefetch_ahead, each block of the rows kPrefetchRows further on is
 // prefetched as this one is read.
 template <class D, int R, int N>
-inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t xs, int64_t k0, int64_t k1,
+inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
                             bool prefetch_ahead) {
   Accumulators<R, N> a = acc;  // a local copy stays in registers (acc may alias x for the compiler)
   for (int64_t k = k0; k < k1; ++k) {
@@ -76,7 +76,7 @@ inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
       SV_UNROLL
       for (int b = 0; b < N; ++b) {
         // Each x vector loaded once into a register for the R rows (GCC would fold it into every FMA).
-        const V x0 = in_register(load(x + b * xs + j)), x1 = in_register(load(x + b * xs + j + 16));
+        const V x0 = in_register(load(x + b * cols + j)), x1 = in_register(load(x + b * cols + j + 16));
         SV_UNROLL
         for (int r = 0; r < R; ++r) {
           a.v[r][b][0] = fma(w[r][0], x0, a.v[r][b][0]);
@@ -90,15 +90,14 @@ inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
 
 // After the last block: the elementwise types' tail, then y[b * ys + r] = reduce(acc0 + acc1).
 template <class D, int R, int N>
-inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t xs, int64_t cols, float* y,
-                            int64_t ys) {
+inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, float* y, int64_t ys) {
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
       SV_UNROLL
       for (int r = 0; r < R; ++r) {
         const V w0 = D::partial(w + r * rb, j, m);
         SV_UNROLL
-        for (int b = 0; b < N; ++b) acc.v[r][b][0] = fma(w0, load_partial(x + b * xs + j, m), acc.v[r][b][0]);
+        for (int b = 0; b < N; ++b) acc.v[r][b][0] = fma(w0, load_partial(x + b * cols + j, m), acc.v[r][b][0]);
       }
     });
   }
@@ -118,7 +117,7 @@ inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols,
   Accumulators<R, N> acc;
   acc.clear();
   rows_dot_blocks<D, R, N>(acc, w, rb, x, cols, 0, cols / D::kQK, prefetch_ahead);
-  rows_dot_finish<D, R, N>(acc, w, rb, x, cols, cols, y, ys);
+  rows_dot_finish<D, R, N>(acc, w, rb, x, cols, y, ys);
 }
 
 // Weight rows [begin, end) against count (1..N) rows of x: rows_for(count) weight rows per pass,
