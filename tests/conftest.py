@@ -39,8 +39,9 @@ def tiny_head(request) -> TinyHead:
 
 @pytest.fixture
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point the cache at a fresh folder so tests never touch the user's cache."""
+    """Point the model cache at a fresh, empty folder, so tests never touch the user's cache."""
     root = tmp_path / "cache"
+    root.mkdir()
     monkeypatch.setenv(CACHE_ENV, str(root))
     return root
 

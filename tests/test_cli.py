@@ -13,13 +13,7 @@ from prep.cli import main as prep_main
 from runtime.cli import main as runtime_main
 
 STAGE_FILES = ("clusters.safetensors", "screen.safetensors")
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep anything load_model caches out of the user's cache."""
-    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: never the user's model cache
 
 
 def invoke(command, args: list[str]) -> Result:

@@ -17,15 +17,11 @@ from runtime.cli import main as runtime_main
 # The tiny tokenizer is word-level: the template joins the turns and ends with a generation prompt.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}hi{% endif %}"
 PROMPT = "hi w5 w9 w5 w9 w5"
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: never the user's model cache
 
 
 def invoke(args: list) -> Result:
     return CliRunner().invoke(runtime_main, [str(a) for a in args])
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")

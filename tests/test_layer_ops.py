@@ -67,7 +67,7 @@ def test_prepare_qkv_rotates_normalizes_and_caches(head_norms: bool) -> None:
     assert torch.equal(keys[:, :start], torch.zeros(kv, start, hd))  # nothing else written
 
 
-@pytest.mark.parametrize("hd", [64, 4, 24])
+@pytest.mark.parametrize("hd", [64, 128, 256, 4, 24])
 def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads(hd: int) -> None:
     g = _generator(2)
     count, heads, kv, scale = 4, 6, 2, 0.125
@@ -89,6 +89,13 @@ def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads(hd: int) -> N
     moved_k[:, 20:23], moved_v[:, 20:23] = keys[:, 9:12].flip(1), values[:, 9:12].flip(1)
     via_path = attend(qkv[3:4], heads, moved_k, moved_v, torch.tensor([0]), torch.tensor([9]), torch.tensor([[22, 21, 20, -1]]), scale)
     assert torch.equal(via_path, attend(qkv[3:4], heads, keys, values, torch.tensor([0]), torch.tensor([12]), no_path[:1], scale))
+    # The query heads of a kv head go through the keys together; each keeps the bits it has alone.
+    group = heads // kv
+    for h in range(heads):
+        g_kv = h // group
+        single = torch.cat([qkv[:, h : h + 1], qkv[:, heads + g_kv : heads + g_kv + 1], qkv[:, heads + kv + g_kv :][:, :1]], dim=1)
+        alone = attend(single, 1, keys[g_kv : g_kv + 1], values[g_kv : g_kv + 1], first, end, no_path, scale)  # [T, hd]
+        assert torch.equal(alone, out[:, h * hd : (h + 1) * hd])
 
 
 @needs_compiled_kernels
@@ -102,12 +109,13 @@ def test_quant_linear_parts_is_the_parts_side_by_side() -> None:
 
 @needs_compiled_kernels
 @pytest.mark.parametrize("path", build.PATHS)
-def test_layer_ops_bit_identical_on_every_compiled_path(path: str) -> None:
+@pytest.mark.parametrize("hd", [40, 64, 128, 256])  # 64 / 128 / 256: attention's shared-key passes, as many heads as each path holds
+def test_layer_ops_bit_identical_on_every_compiled_path(path: str, hd: int) -> None:
     other, active = compiled_module(path), build.active()[1]
     g = _generator(4)
     x, factor = torch.randn(5, 77, generator=g), torch.randn(77, generator=g)
     assert torch.equal(other.rms_norm(x, factor, 1e-6), active.rms_norm(x, factor, 1e-6))
-    heads, kv, hd = 4, 2, 40
+    heads, kv = 8, 2
     qkv = torch.randn(3, heads + 2 * kv, hd, generator=g)
     cos, sin = torch.randn(20, hd, generator=g), torch.randn(20, hd, generator=g)
     norms = torch.randn(hd, generator=g), torch.randn(hd, generator=g)

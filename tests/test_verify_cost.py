@@ -56,6 +56,7 @@ def test_verify_cost_rows_and_cache(target):
     for row in rows:
         assert row["total_ms"] > 0 and row["forward_ms"] > 0 and row["head_ms"] > 0
         assert row["ratio"] == pytest.approx(row["total_ms"] / rows[0]["total_ms"])
+        assert row["head_fallbacks"] == 0  # the full head never falls back
     assert head.calls == [1, 2, 3, 4, 5] * 4  # one warm-up pass, then 3 recorded; the head sees the n rows
     cache = recording.caches[0]
     assert len(cache) == cache.inner.get_seq_length() == 30  # cropped back after every measurement

@@ -187,6 +187,8 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     tree_rows = tree_verify_cost(session.target, head, tokens, context, sizes, repeats=repeats) if sizes else []
     columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
                ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
+    if any(row["head_fallbacks"] for row in rows):  # a near-tie position: its full-head pass is in every timing
+        columns.insert(3, ("head_fallbacks", "full-head rows", "{:.1f}"))
     label = f"csv:{bound}" if head_kind == "csv" else "full"
     click.echo(f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
                f"{torch.get_num_threads()} threads, median of {repeats}")

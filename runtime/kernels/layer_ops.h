@@ -22,7 +22,7 @@ namespace ops {
 
 using namespace simd;
 
-constexpr int kValueSteps = 8;  // attention outputs: up to 128 lanes (a head) per pass over the values
+constexpr int kMaxHeadsPerPass = kAccumulators / 4 > 1 ? kAccumulators / 4 : 1;  // query heads of one attention item (hd = 64 fits the most)
 
 // <a, b> over n floats: the skinny kernel's own order (gemm.h, an F32 row against one row of x).
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -107,10 +107,79 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor factor, double eps) {
   return y;
 }
 
+// Value sums of H query heads over S 16-lane steps from lane i0, each (head, lane) its own chain over
+// the keys in order, as one head at a time sums it: o[h * hd + i0 + lane] = sum_j p[h * most + j] v_j[i0 + lane].
+// The heads share each value vector's load; H * S chains keep both FMA ports busy where one head's
+// few chains wait on FMA latency.
+template <int H, int S>
+inline void value_sums(const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, int64_t i0, float* o) {
+  V acc[H][S];
+  SV_UNROLL
+  for (int h = 0; h < H; ++h) {
+    SV_UNROLL
+    for (int s = 0; s < S; ++s) acc[h][s] = zero();
+  }
+  const int64_t n = static_cast<int64_t>(seen.size());
+  for (int64_t j = 0; j < n; ++j) {
+    const float* value = vh + seen[j] * hd + i0;
+    V v[S];
+    SV_UNROLL
+    for (int s = 0; s < S; ++s) v[s] = load_partial(value + 16 * s, std::min<int64_t>(16, hd - i0 - 16 * s));
+    SV_UNROLL
+    for (int h = 0; h < H; ++h) {
+      const V weight = bcast(p + h * most + j);
+      SV_UNROLL
+      for (int s = 0; s < S; ++s) acc[h][s] = fma(weight, v[s], acc[h][s]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    for (int s = 0; s < S; ++s) {
+      float lanes[16];
+      store(lanes, acc[h][s]);
+      std::copy(lanes, lanes + std::min<int64_t>(16, hd - i0 - 16 * s), o + h * hd + i0 + 16 * s);
+    }
+  }
+}
+
+// value_sums of `heads` (1..H) heads over all hd lanes in one pass of S = hd / 16 steps.
+template <int S, int H>
+inline void value_heads(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
+  if constexpr (H > 1) {
+    if (heads < H) return value_heads<S, H - 1>(heads, p, most, vh, seen, hd, o);
+  }
+  value_sums<H, S>(p, most, vh, seen, hd, 0, o);
+}
+
+// Query heads per value pass for head size hd: as many whole heads as kAccumulators chains hold
+// (hd = 64, 128 and 256 take the one-pass path), else 1.
+inline int64_t heads_per_pass(int64_t hd) {
+  return (hd == 64 || hd == 128 || hd == 256) && hd / 16 <= kAccumulators ? kAccumulators / (hd / 16) : 1;
+}
+
+// The value sums of `heads` consecutive query heads (heads <= heads_per_pass(hd)) into o [heads, hd].
+inline void value_pass(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
+  if constexpr (kAccumulators >= 4) {
+    if (hd == 64) return value_heads<4, kAccumulators / 4>(heads, p, most, vh, seen, hd, o);
+  }
+  if constexpr (kAccumulators >= 8) {
+    if (hd == 128) return value_heads<8, kAccumulators / 8>(heads, p, most, vh, seen, hd, o);
+  }
+  if constexpr (kAccumulators >= 16) {
+    if (hd == 256) return value_heads<16, kAccumulators / 16>(heads, p, most, vh, seen, hd, o);
+  }
+  for (int64_t h = 0; h < heads; ++h) {  // any other head size: one head, four steps (then one) per pass
+    int64_t i0 = 0;
+    for (; i0 + 64 <= hd; i0 += 64) value_sums<1, 4>(p + h * most, most, vh, seen, hd, i0, o + h * hd);
+    for (; i0 < hd; i0 += 16) value_sums<1, 1>(p + h * most, most, vh, seen, hd, i0, o + h * hd);
+  }
+}
+
 // Attention of each query q[t] [H, hd] (the first H heads of qkv [T, H + 2 KV, hd]) over the cached keys it sees: slots first[t] .. end[t] - 1,
 // then extra[t][0..] up to the first -1 (a tree node's path), in that order. keys, values
 // [KV, capacity, hd]; head h reads kv head h / (H / KV). Per (t, h): scores <q, k_j> * scale,
 // p_j = exp(score_j - max), out = (sum_j p_j v_j, in key order) / (sum_j p_j). -> [T, H * hd]
+// The query heads that share a kv head go through the keys together (one rows_dot pass scores
+// them all, one value pass sums them), each (t, h) in the same order as alone.
 torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch::Tensor values, torch::Tensor first, torch::Tensor end,
                      torch::Tensor extra, double scale) {
   check_float(qkv, 3, "qkv");
@@ -145,52 +214,52 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
   float* op = out.data_ptr<float>();
   const float scalef = static_cast<float>(scale);
   const int64_t group = heads / kv;
-  at::parallel_for(0, count * heads, std::max<int64_t>(1, 32768 / (most * hd)), [&](int64_t begin, int64_t stop) {
-    std::vector<float> p(most);
+  // Work items: (query t, kv head, a chunk of its query heads); chunks small enough that every thread gets items.
+  int64_t chunk = std::min(group, heads_per_pass(hd));
+  while (chunk > 1 && count * kv * ((group + chunk - 1) / chunk) < 2 * at::get_num_threads()) chunk = (chunk + 1) / 2;
+  const int64_t chunks = (group + chunk - 1) / chunk;
+  at::parallel_for(0, count * kv * chunks, std::max<int64_t>(1, 32768 / (most * hd * chunk)), [&](int64_t begin, int64_t stop) {
+    std::vector<float> p(chunk * most);  // scores, then weights, of the chunk's heads: [chunk, most]
     for (int64_t item = begin; item < stop; ++item) {
-      const int64_t t = item / heads, h = item % heads;
-      const float* qr = qp + (t * width + h) * hd;
-      const float* kh = kp + (h / group) * capacity * hd;
-      const float* vh = vp + (h / group) * capacity * hd;
+      const int64_t t = item / (kv * chunks), g = item / chunks % kv, h0 = g * group + item % chunks * chunk;
+      const int64_t nh = std::min(chunk, (g + 1) * group - h0);  // query heads h0 .. h0 + nh - 1
+      const float* qr = qp + (t * width + h0) * hd;  // [nh, hd]
+      const float* kh = kp + g * capacity * hd;
+      const float* vh = vp + g * capacity * hd;
       const auto& seen = slots[t];
       const int64_t n = static_cast<int64_t>(seen.size());
-      // Scores: the keys of each run of consecutive slots in one rows_dot pass of a few keys at a time
+      // Scores: the keys of each run of consecutive slots in rows_dot passes against the chunk's queries
       // (each score is dot's value: the skinny kernel's order), then the scale.
-      for (int64_t j = 0; j < n;) {
-        int64_t run = 1;
-        while (j + run < n && seen[j + run] == seen[j] + run) ++run;
-        gemm::rows_dot_range<blocks::F32, 1>(1, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd), hd * static_cast<int64_t>(sizeof(float)),
-                                             0, run, qr, hd, false, p.data() + j, 1);
-        j += run;
-      }
-      float top = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] *= scalef;
-        top = std::max(top, p[j]);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] = std::exp(p[j] - top);
-        total += p[j];
-      }
-      float* o = op + item * hd;
-      for (int64_t i0 = 0; i0 < hd; i0 += 16 * kValueSteps) {  // kValueSteps x 16 output lanes per pass over the values
-        const int64_t steps = std::min<int64_t>(kValueSteps, (hd - i0 + 15) / 16);
-        V acc[kValueSteps];
-        for (int s = 0; s < kValueSteps; ++s) acc[s] = zero();
-        for (int64_t j = 0; j < n; ++j) {  // each lane sums over the keys in order, as one lane at a time would
-          const V weight = bcast(&p[j]);
-          const float* value = vh + seen[j] * hd + i0;
-          for (int s = 0; s < steps; ++s) acc[s] = fma(weight, load_partial(value + 16 * s, std::min<int64_t>(16, hd - i0 - 16 * s)), acc[s]);
-        }
-        for (int s = 0; s < steps; ++s) {
-          const int64_t m = std::min<int64_t>(16, hd - i0 - 16 * s);
-          float lanes[16];
-          store(lanes, acc[s]);
-          std::copy(lanes, lanes + m, o + i0 + 16 * s);
+      for (int64_t b0 = 0; b0 < nh; b0 += kMaxBatch) {
+        const int64_t rows = std::min<int64_t>(kMaxBatch, nh - b0);
+        for (int64_t j = 0; j < n;) {
+          int64_t run = 1;
+          while (j + run < n && seen[j + run] == seen[j] + run) ++run;
+          gemm::rows_dot_range<blocks::F32, kMaxBatch>(rows, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd),
+                                                       hd * static_cast<int64_t>(sizeof(float)), 0, run, qr + b0 * hd, hd, false,
+                                                       p.data() + b0 * most + j, most);
+          j += run;
         }
       }
-      for (int64_t i = 0; i < hd; ++i) o[i] /= total;
+      float total[kMaxHeadsPerPass];
+      for (int64_t b = 0; b < nh; ++b) {
+        float* pb = p.data() + b * most;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          pb[j] *= scalef;
+          top = std::max(top, pb[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+          pb[j] = std::exp(pb[j] - top);
+          sum += pb[j];
+        }
+        total[b] = sum;
+      }
+      float* o = op + (t * heads + h0) * hd;  // [nh, hd]
+      value_pass(nh, p.data(), most, vh, seen, hd, o);
+      for (int64_t b = 0; b < nh; ++b)
+        for (int64_t i = 0; i < hd; ++i) o[b * hd + i] /= total[b];
     }
   });
   return out;

@@ -13,6 +13,7 @@ namespace {
 namespace simd {
 
 constexpr const char* kPath = "avx2";
+constexpr int kAccumulators = 6;  // accumulator vectors a kernel may keep in registers (12 of 16 ymm)
 constexpr int kMaxBatch = 3;  // activation rows per pass: 12 of the 16 ymm registers hold accumulators
 constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
 

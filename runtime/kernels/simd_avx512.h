@@ -13,6 +13,7 @@ namespace {
 namespace simd {
 
 constexpr const char* kPath = "avx512";
+constexpr int kAccumulators = 16;  // accumulator vectors a kernel may keep in registers (of 32 zmm)
 constexpr int kMaxBatch = 8;  // activation rows per pass over a weight row: 16 accumulators
 // Weight rows per pass for n rows of x: independent rows to decode while FMAs wait, with at most
 // 16 accumulators (of 32 zmm registers).

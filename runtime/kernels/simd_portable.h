@@ -11,6 +11,7 @@ namespace {
 namespace simd {
 
 constexpr const char* kPath = "portable";
+constexpr int kAccumulators = 8;  // accumulator vectors per pass (no registers to fit: any count works)
 constexpr int kMaxBatch = 4;
 constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
 

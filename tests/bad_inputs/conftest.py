@@ -27,12 +27,9 @@ def other_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A model cache of the case's own: compared before and after, and never the user's."""
-    root = tmp_path / "cache"
-    root.mkdir()
-    monkeypatch.setenv("SPECVOCAB_CACHE", str(root))
-    return root
+def own_cache(private_cache: Path) -> Path:
+    """Every case gets the root conftest's private model cache, compared before and after, never the user's."""
+    return private_cache
 
 
 @pytest.fixture(scope="session")
