@@ -93,7 +93,7 @@ def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads(hd: int) -> N
     group = heads // kv
     for h in range(heads):
         g_kv = h // group
-        single = torch.cat([qkv[:, h : h + 1], qkv[:, heads + g_kv : heads + g_kv + 1], qkv[:, heads + kv + g_kv :][:, :1]], dim=1)
+        single = torch.cat([qkv[:, h : h + 1], qkv[:, heads + g_kv : heads + g_kv + 1], qkv[:, heads + kv + g_kv : heads + kv + g_kv + 1]], dim=1)
         alone = attend(single, 1, keys[g_kv : g_kv + 1], values[g_kv : g_kv + 1], first, end, no_path, scale)  # [T, hd]
         assert torch.equal(alone, out[:, h * hd : (h + 1) * hd])
 

@@ -22,7 +22,8 @@ namespace ops {
 
 using namespace simd;
 
-constexpr int kMaxHeadsPerPass = kAccumulators / 4 > 1 ? kAccumulators / 4 : 1;  // query heads of one attention item (hd = 64 fits the most)
+constexpr int kMaxHeadsPerPass = std::max(1, kAccumulators / 4);  // query heads of one attention item (hd = 64 fits the most)
+static_assert(kMaxHeadsPerPass <= kMaxBatch, "an attention item's queries are scored in one rows_dot pass");
 
 // <a, b> over n floats: the skinny kernel's own order (gemm.h, an F32 row against one row of x).
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -230,16 +231,13 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
       const int64_t n = static_cast<int64_t>(seen.size());
       // Scores: the keys of each run of consecutive slots in rows_dot passes against the chunk's queries
       // (each score is dot's value: the skinny kernel's order), then the scale.
-      for (int64_t b0 = 0; b0 < nh; b0 += kMaxBatch) {
-        const int64_t rows = std::min<int64_t>(kMaxBatch, nh - b0);
-        for (int64_t j = 0; j < n;) {
-          int64_t run = 1;
-          while (j + run < n && seen[j + run] == seen[j] + run) ++run;
-          gemm::rows_dot_range<blocks::F32, kMaxBatch>(rows, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd),
-                                                       hd * static_cast<int64_t>(sizeof(float)), 0, run, qr + b0 * hd, hd, false,
-                                                       p.data() + b0 * most + j, most);
-          j += run;
-        }
+      for (int64_t j = 0; j < n;) {
+        int64_t run = 1;
+        while (j + run < n && seen[j + run] == seen[j] + run) ++run;
+        gemm::rows_dot_range<blocks::F32, kMaxHeadsPerPass>(nh, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd),
+                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, false,
+                                                            p.data() + j, most);
+        j += run;
       }
       float total[kMaxHeadsPerPass];
       for (int64_t b = 0; b < nh; ++b) {
