@@ -29,10 +29,10 @@ namespace {
 using simd::tail_mask;
 
 constexpr int kRows = 4;  // rows per block: independent accumulators hide FMA latency
-constexpr int kPrefetchRows = 8;  // software prefetch this many rows ahead: ~2x on this CPU
+constexpr int kPrefetchRows = 8;  // software prefetch (simd::prefetch, into L2) this many rows ahead
 
 inline void prefetch_rows(const int8_t* q, int64_t d, int64_t j) {
-  for (int r = 0; r < kRows; ++r) _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchRows + r) * d + j), _MM_HINT_T0);
+  for (int r = 0; r < kRows; ++r) simd::prefetch(reinterpret_cast<const uint8_t*>(q + (kPrefetchRows + r) * d + j));
 }
 
 inline __m512 load_int8x16_as_ps(const int8_t* q) {
@@ -69,8 +69,8 @@ inline void rows2_per_row_many(const int8_t* q, const float* scale, const float*
   int64_t j = 0;
   for (; j + 32 <= d; j += 32) {
     if (prefetch) {
-      _mm_prefetch(reinterpret_cast<const char*>(q + kPrefetchRows * d + j), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchRows + 1) * d + j), _MM_HINT_T0);
+      simd::prefetch(reinterpret_cast<const uint8_t*>(q + kPrefetchRows * d + j));
+      simd::prefetch(reinterpret_cast<const uint8_t*>(q + (kPrefetchRows + 1) * d + j));
     }
     const __m512 a0 = load_int8x16_as_ps(q + j), a1 = load_int8x16_as_ps(q + j + 16);
     const __m512 b0 = load_int8x16_as_ps(q + d + j), b1 = load_int8x16_as_ps(q + d + j + 16);
@@ -221,7 +221,7 @@ inline void int_rows_dot(const int8_t* q, const int16_t* a, int64_t d, bool pref
     for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_si512();
   for (int64_t j = 0; j < d; j += 32) {
     if (prefetch && j % 64 == 0)
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchRows + r) * d + j), _MM_HINT_T0);
+      for (int r = 0; r < R; ++r) simd::prefetch(reinterpret_cast<const uint8_t*>(q + (kPrefetchRows + r) * d + j));
     for (int r = 0; r < R; ++r) {
       const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * d + j)));
       for (int b = 0; b < N; ++b) acc[r][b] = dot_pairs<Vnni>(acc[r][b], w, _mm512_loadu_si512(a + b * d + j));
