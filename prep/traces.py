@@ -7,10 +7,12 @@ token (-1 at a text's last position), the target's top-1, its top TOP_TOKENS tok
 probabilities (the multi-label router loss) and, per `drafter_layers` value N, the final-normed
 hidden state after the first N layers (what a `layers:N` drafter computes).
 
-Texts are assigned to shards and to a split (train / validation / heldout, by a hash of the
-corpus and the text's index: `runtime.data.split_of`, which also keeps ShareGPT bench prompts
-out of training) before any forward runs, so a rerun finds the same shards: a shard
-whose file exists and whose index entry is complete is skipped. Shards and the index are written
+Texts are assigned to shards and to a split (train / validation / heldout) before any forward
+runs. A packaged corpus's text is split by a hash of the corpus and its index
+(`runtime.data.split_of`, which also keeps ShareGPT bench prompts out of training); a file's text by
+a hash of its content (`split_of_text`), so moving or reordering the file keeps every split. A
+rerun therefore finds the same shards: a shard whose file exists and whose index entry is complete
+is skipped. Shards and the index are written
 atomically (temporary sibling, fsync, rename).
 """
 
@@ -28,13 +30,15 @@ import torch
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
-from runtime.data import SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file, sharegpt_conversations, split_of
+from runtime.data import (SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file, sharegpt_conversations, split_of,
+                          split_of_text)
 from runtime.backends.hf import TransformersTarget
 
 INDEX_FILE = "index.json"
 TRACES_FORMAT = 1
 TOP_TOKENS = 8
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+PACKAGED_CORPORA = ("sharegpt", "humaneval")
 
 
 def parse_layers(value) -> tuple[int, ...]:
@@ -110,7 +114,7 @@ def plan_shards(
         if len(ids) < 2:
             continue
         current.docs.append(index)
-        current.splits.append(split_of(corpus, index))
+        current.splits.append(split_of(corpus, index) if corpus in PACKAGED_CORPORA else split_of_text(text))
         current.ids.append(ids)
         total += len(ids)
         if current.tokens >= shard_tokens:

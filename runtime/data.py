@@ -32,8 +32,18 @@ SPLIT_PERCENT = (90, 5, 5)  # train, validation, heldout
 
 
 def split_of(corpus: str, index: int) -> str:
-    """Deterministic split of text `index` of a corpus: a hash, so adding texts moves none."""
-    bucket = int.from_bytes(hashlib.sha256(f"{corpus}:{index}".encode()).digest()[:8], "big") % 100
+    """Deterministic split of text `index` of a packaged corpus: a hash, so adding texts moves none."""
+    return _split_of_key(f"{corpus}:{index}")
+
+
+def split_of_text(text: str) -> str:
+    """Deterministic split of a text from a user's corpus file, by its content: neither the file's
+    path nor the text's place in it moves the text to another split."""
+    return _split_of_key(f"text:{text}")
+
+
+def _split_of_key(key: str) -> str:
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 100
     if bucket < SPLIT_PERCENT[0]:
         return "train"
     return "validation" if bucket < SPLIT_PERCENT[0] + SPLIT_PERCENT[1] else "heldout"

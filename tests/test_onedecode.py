@@ -275,10 +275,13 @@ def test_spec_onedecode_in_generate_and_bench(tiny_model_dir, tmp_path, monkeypa
         assert result.exit_code == 0, result.output
         assert result.stdout == reference.stdout, method
     prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps([{"text": "w5 w9 w5 w9 w5"}, {"text": "w7 w8 w7 w8 w30"}]))
+    # Six prompts x 16 tokens: this random model accepts 23 of the table's 201 drafts, so a run
+    # without one acceptance would be a broken table, not bad luck.
+    prompts.write_text(json.dumps([{"text": text} for text in ("w5 w9 w5 w9 w5", "w7 w8 w7 w8 w30", "w12 w40 w12",
+                                                               "w100 w101 w102", "w7 w7 w7 w7", "w200 w9 w31 w5")]))
     out = tmp_path / "b.json"
     result = run(runtime_main, ["bench", art, "--prompts", prompts, "--methods", "ar,spec:onedecode:threshold=0",
-                                "-n", 2, "--max-new-tokens", 12, "--json", out])
+                                "-n", 6, "--max-new-tokens", 16, "--json", out])
     assert result.exit_code == 0, result.output
     rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
     row = rows["spec:onedecode:threshold=0"]
