@@ -1,5 +1,6 @@
 """DynaSpec's parts on their own, without a trained artifact: the router module, the position budget,
-shortlist heads, the multi-label loss, rejection sampling over a shortlisted q, and held-out bench prompts."""
+shortlist heads, the multi-label loss, rejection sampling over a shortlisted q, held-out bench prompts and
+a corpus file's splits."""
 
 from __future__ import annotations
 
@@ -115,3 +116,28 @@ def test_sharegpt_bench_prompts_are_held_out_of_router_training():
         if turn and isinstance(turn.get("value"), str):
             firsts.setdefault(turn["value"].strip(), index)
     assert all(split_of("sharegpt", firsts[p]) == "heldout" for p in prompts)
+
+
+def test_a_corpus_files_splits_follow_its_texts_not_its_path(tmp_path):
+    """The same texts, in another file and another order, land in the same splits (a path-keyed hash
+    moved them, so a copied corpus trained on other texts)."""
+    import json
+
+    from prep.traces import corpus_texts, plan_shards
+
+    class WordTokenizer:  # one id per word; plan_shards needs only this much
+        bos_token = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [len(word) for word in text.split()]}
+
+    texts = [f"text number {i} with a few words" for i in range(200)]
+    splits = {}
+    for name, order in (("a.json", texts), ("elsewhere/b.json", texts[::-1])):
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps([{"text": t} for t in order]))
+        plans = plan_shards(corpus_texts(str(path), WordTokenizer()), WordTokenizer(), str(path), 10**6, 10**6, 512)
+        splits[name] = {order[d]: s for plan in plans for d, s in zip(plan.docs, plan.splits)}
+    assert splits["a.json"] == splits["elsewhere/b.json"]
+    assert {"train", "validation", "heldout"} == set(splits["a.json"].values())
