@@ -12,8 +12,7 @@ runs. A packaged corpus's text is split by a hash of the corpus and its index
 (`runtime.data.split_of`, which also keeps ShareGPT bench prompts out of training); a file's text by
 a hash of its content (`split_of_text`), so moving or reordering the file keeps every split. A
 rerun therefore finds the same shards: a shard whose file exists and whose index entry is complete
-is skipped. Shards and the index are written
-atomically (temporary sibling, fsync, rename).
+is skipped. Shards and the index are written atomically (temporary sibling, fsync, rename).
 """
 
 from __future__ import annotations
@@ -30,15 +29,14 @@ import torch
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
-from runtime.data import (SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file, sharegpt_conversations, split_of,
-                          split_of_text)
+from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
+                          sharegpt_conversations, split_of, split_of_text)
 from runtime.backends.hf import TransformersTarget
 
 INDEX_FILE = "index.json"
 TRACES_FORMAT = 1
 TOP_TOKENS = 8
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
-PACKAGED_CORPORA = ("sharegpt", "humaneval")
 
 
 def parse_layers(value) -> tuple[int, ...]:
@@ -114,7 +112,7 @@ def plan_shards(
         if len(ids) < 2:
             continue
         current.docs.append(index)
-        current.splits.append(split_of(corpus, index) if corpus in PACKAGED_CORPORA else split_of_text(text))
+        current.splits.append(split_of(corpus, index) if corpus in PACKAGED_SOURCES else split_of_text(text))
         current.ids.append(ids)
         total += len(ids)
         if current.tokens >= shard_tokens:

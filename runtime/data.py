@@ -29,6 +29,7 @@ _CHUNK = 1 << 20
 _WHITESPACE = " \t\n\r"
 SPLITS = ("train", "validation", "heldout")
 SPLIT_PERCENT = (90, 5, 5)  # train, validation, heldout
+PACKAGED_SOURCES = ("humaneval", "sharegpt")  # prompt sources and corpora named, not read from a file
 
 
 def split_of(corpus: str, index: int) -> str:

@@ -137,7 +137,8 @@ def test_a_corpus_files_splits_follow_its_texts_not_its_path(tmp_path):
         path = tmp_path / name
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps([{"text": t} for t in order]))
-        plans = plan_shards(corpus_texts(str(path), WordTokenizer()), WordTokenizer(), str(path), 10**6, 10**6, 512)
+        plans = plan_shards(corpus_texts(str(path), WordTokenizer()), WordTokenizer(), str(path), max_tokens=10**6,
+                            shard_tokens=10**6, max_tokens_per_text=512)
         splits[name] = {order[d]: s for plan in plans for d, s in zip(plan.docs, plan.splits)}
     assert splits["a.json"] == splits["elsewhere/b.json"]
     assert {"train", "validation", "heldout"} == set(splits["a.json"].values())

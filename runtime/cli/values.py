@@ -18,6 +18,8 @@ from pathlib import Path
 
 import click
 
+from runtime.data import PACKAGED_SOURCES, prompts_from_file
+
 STOP_ESCAPES = r"\n \t \r \\ \" \' \0 \xHH \uHHHH \UHHHHHHHH"
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr0\\\"']|.?)", re.DOTALL)
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
@@ -142,11 +144,9 @@ class PromptSource(click.ParamType):
     """humaneval, sharegpt, or a JSON file of [{"text": ...}] objects holding at least one prompt."""
 
     name = "source"
-    NAMED = ("humaneval", "sharegpt")
+    NAMED = PACKAGED_SOURCES
 
     def convert(self, value, param, ctx):
-        from runtime.data import prompts_from_file
-
         if value in self.NAMED:
             return value
         if not Path(value).exists():

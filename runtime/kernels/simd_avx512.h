@@ -143,7 +143,7 @@ inline V load_bf16(const uint8_t* p) {
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }  // exact, like numpy's float16 -> float32
 
 // Into L2 (T1), not L1: prefetches into L1 wait on its few miss buffers, which held a streamed
-// matrix to ~10 GB/s on the EPYC machine (a Q8_0 head at one row: 8 -> 17 G weights/s with T1).
+// matrix to ~10 GB/s on the Zen 4 EPYC (a Q8_0 head at one row: 8 -> 17 G weights/s with T1).
 inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
 }  // namespace simd
