@@ -138,9 +138,10 @@ def _backend_drafter(session: Session, spec: MethodSpec, head):
 
 
 def tree(session: Session, spec: MethodSpec) -> Decoder:
-    """swarm: token trees of K candidates per slot (the OneDecode table's or a drafter's), one target forward each."""
+    """swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, or the lookup
+    drafter's K continuations), one target forward each."""
     from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
-    from runtime.tree_speculative import SlotTrees, TableTrees, generate_tree
+    from runtime.tree_speculative import LookupTrees, SlotTrees, TableTrees, generate_tree
 
     _tree_target(session)
     head = target_head(session, spec)
@@ -150,6 +151,8 @@ def tree(session: Session, spec: MethodSpec) -> Decoder:
             raise ValueError("swarm:onedecode needs the artifact whose stage onedecode holds the table; "
                              "run: prep bake-onedecode ART --traces TR")
         drafter = TableTrees(OneDecodeDrafter(OneDecodeTable.load(session.artifact)), k)
+    elif spec.drafter.name == "lookup":
+        drafter = LookupTrees(DRAFTERS["lookup"].build(None, spec.drafter.args), k)
     else:
         drafter = SlotTrees(_backend_drafter(session, spec, head), k)
 

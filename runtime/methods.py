@@ -9,7 +9,8 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
     screenspec:layers:N[:gamma=G][:adaptive]         layers:N drafting with the int8 screening head
     swarm:onedecode:K | swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]]
-                                                     SWARM token trees: K candidates per slot, depth G, N nodes
+                                                     SWARM token trees: K candidates per slot (lookup: K
+                                                     continuations), depth G, N nodes
     mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G]          MJSD beam drafts (NOT distribution-preserving)
 
 DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Adding a method is one
@@ -121,7 +122,7 @@ def _screenspec(args: list[str], head: str | None) -> MethodSpec:
     return MethodSpec("screenspec", drafter=DrafterSpec("layers", (rest[1],)), draft_head="screen", **loop)
 
 
-TREE_SOURCES = ("onedecode", "layers", "int8", "gp", "model")  # drafters with a top-K per slot
+TREE_SOURCES = ("onedecode", "lookup", "layers", "int8", "gp", "model")  # a top-K per slot, or lookup's K continuations
 BEAM_SOURCES = ("layers", "int8", "gp", "model")  # drafters whose backend takes token trees
 
 
@@ -160,10 +161,10 @@ def _tau(value: str) -> float | None:
 
 def _swarm(args: list[str], head: str | None) -> MethodSpec:
     """swarm:onedecode:K | swarm:DRAFTER:K [:gamma=G] [:nodes=N]: token trees of K candidates per slot."""
-    example = "swarm:onedecode:4, swarm:int8:4:nodes=32 or swarm:layers:6:2:gamma=5"
+    example = "swarm:onedecode:4, swarm:lookup:4:nodes=12, swarm:int8:4:nodes=32 or swarm:layers:6:2:gamma=5"
     rest, loop, own = _own_options("swarm", args, {"nodes": _count(1, 64)}, example)
     if len(rest) < 2 or _count(1, 16)(rest[-1]) is None:
-        raise ValueError(f"swarm needs a drafter and K candidates per slot (1..16): {example}")
+        raise ValueError(f"swarm needs a drafter and K candidates per slot or lookup continuations (1..16): {example}")
     name = rest[0]
     if name not in TREE_SOURCES:
         raise ValueError(f"swarm's trees come from {', '.join(TREE_SOURCES)}, not {name!r}; e.g. {example}")
@@ -210,7 +211,7 @@ register_method(MethodEntry("screenspec", _screenspec, _builder("speculative"),
                             "screenspec:layers:N[:gamma=G][:adaptive] (layers:N with the int8 screening head)"))
 register_method(MethodEntry("swarm", _swarm, _builder("tree"),
                             "swarm:onedecode:K|swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]] (SWARM token trees: "
-                            "K candidates per slot, G deep, N nodes, one target forward)"))
+                            "K candidates per slot or lookup continuations, G deep, N nodes, one target forward)"))
 register_method(MethodEntry("mjsd", _mjsd, _builder("mjsd"),
                             "mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G] (MJSD beam drafts, joint acceptance; changes the "
                             "output by design)", distribution_preserving=False))

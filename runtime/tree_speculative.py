@@ -9,6 +9,7 @@ drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is 
 
 Tree sources (TreeDrafter):
 - TableTrees: the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
+- LookupTrees: the session lookup drafter's K best distinct continuations (no model);
 - SlotTrees: any backend drafter's (int8, layers:N, gp, model:) top-K per slot along its own
   greedy chain, Medusa-style: every node at depth d gets the candidates of the chain's slot d.
 """
@@ -21,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 
 from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.onedecode import OneDecodeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
@@ -28,7 +30,7 @@ from runtime.speculative import Round, run_rounds
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.trees import ROOT, TokenTree, build_tree
+from runtime.trees import ROOT, TokenTree, build_tree, merge_sequences
 from runtime.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
 
 MAX_DEPTH = 8  # tree depth (gamma) stays in 1..MAX_DEPTH, as chain drafts do
@@ -62,6 +64,23 @@ class TableTrees:
 
     def observe(self, verdict: TreeVerdict) -> None:
         """Nothing to learn."""
+
+
+class LookupTrees:
+    """SWARM over the session lookup drafter: its K best distinct continuations, each as deep as the
+    tree, prefix-merged under the node budget (the best continuation is the first path)."""
+
+    def __init__(self, drafter: LookupDrafter, k: int) -> None:
+        self.drafter, self.k = drafter, k
+
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        self.drafter.reset(prompt, params, generator, ban)
+
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        return merge_sequences(self.drafter.continuations(context, depth, self.k), budget=budget)[0]
+
+    def observe(self, verdict: TreeVerdict) -> None:
+        self.drafter.observe(verdict)
 
 
 class SlotTrees:

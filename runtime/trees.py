@@ -101,11 +101,14 @@ class TokenTree:
         return [self.path(leaf) for leaf in self.leaves()]
 
 
-def merge_sequences(sequences: list[list[int]], scores: list[list[float]] | None = None) -> tuple[TokenTree, list[int]]:
+def merge_sequences(
+    sequences: list[list[int]], scores: list[list[float]] | None = None, budget: int | None = None
+) -> tuple[TokenTree, list[int]]:
     """Prefix-merge token sequences into a tree; also the node each sequence ends at (ROOT if empty).
 
     scores: per sequence, the path score after each of its tokens; a shared prefix keeps the first
     sequence's (equal prefixes have equal scores when they come from one model).
+    budget: at most this many nodes; a sequence that would add more is cut there (earlier ones win).
     """
     tokens, parents, node_scores, ends = [], [], [], []
     index: dict[tuple[int, ...], int] = {}
@@ -114,6 +117,8 @@ def merge_sequences(sequences: list[list[int]], scores: list[list[float]] | None
         for depth, token in enumerate(sequence):
             key = tuple(sequence[: depth + 1])
             if key not in index:
+                if budget is not None and len(tokens) >= budget:
+                    break
                 index[key] = len(tokens)
                 tokens.append(token)
                 parents.append(node)

@@ -280,6 +280,19 @@ def test_lookup_history_keeps_the_newest_tokens_within_its_limit():
     assert drafter.propose([9, 100, 1], 2).tokens.numel() == 0  # dropped, and "1" alone is not looked up
 
 
+def test_lookup_continuations_longest_match_first_newest_first_and_distinct():
+    drafter = LookupDrafter(max_ngram=3)
+    drafter.reset([1, 2, 3, 40, 41, 42], SamplingParams(), None)
+    drafter.reset([0], SamplingParams(), None)  # the session now holds 1 2 3 40 41 42
+    context = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 3, 6, 6, 2, 3]
+    # "2 3" (the longest match: "6 2 3" is new) in the context, newest first; then the session's "2 3";
+    # then "3" alone in the context: "6 6 2" is new, its other two occurrences repeat what was found
+    assert drafter.continuations(context, 3, 8) == [[7, 8, 3], [9, 9, 5], [40, 41, 42], [6, 6, 2]]
+    assert drafter.continuations(context, 3, 2) == [[7, 8, 3], [9, 9, 5]]
+    assert drafter.continuations(context, 1, 8) == [[7], [9], [40], [6]]  # depth 1: "7" and "9" once each
+    assert drafter.continuations([5, 6], 4, 4) == []
+
+
 @pytest.mark.parametrize(
     "name, drafter, gamma, adaptive, head",
     [

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from factories import tiny_artifact
 from runtime.backends.lean import lean_target
 from runtime.decode import generate_ar
-from runtime.drafters import Int8Drafter, LayerDrafter
+from runtime.drafters import Int8Drafter, LayerDrafter, LookupDrafter
 from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
 from runtime.heads import FullHead
 from runtime.sampling import SamplingParams, TokenBan, warp
-from runtime.tree_speculative import SlotTrees, TableTrees, drop_banned_nodes, generate_tree
+from runtime.tree_speculative import LookupTrees, SlotTrees, TableTrees, drop_banned_nodes, generate_tree
 from runtime.trees import TokenTree
 
 NEW_TOKENS = 24
@@ -93,6 +93,20 @@ def test_greedy_table_swarm_equals_ar_and_beats_the_chain(target, k) -> None:
         trees.append(stats.spec.accepted / max(stats.spec.drafts, 1))
         chain.append(chain_stats.spec.accepted / max(chain_stats.spec.drafts, 1))
     assert sum(trees) > 0 and sum(trees) >= sum(chain)
+
+
+@pytest.mark.parametrize("k, depth, nodes", [(1, 4, 4), (4, 4, 12), (8, 6, 32)])
+def test_greedy_lookup_swarm_equals_ar(target, k, depth, nodes) -> None:
+    """The lookup drafter's K continuations as a tree; its session spans the prompts, as in bench."""
+    trees = LookupTrees(LookupDrafter(), k)
+    accepted = 0
+    for prompt in PROMPTS + PROMPTS:  # the second pass also finds the first pass's outputs
+        tokens, stats = generate_tree(target, full_head(target), trees, torch.tensor(prompt), NEW_TOKENS, depth=depth,
+                                      budget=nodes)
+        assert tokens == ar(target, prompt), prompt
+        assert stats.spec.drafted <= stats.spec.rounds * nodes
+        accepted += stats.spec.accepted
+    assert accepted > 0 and len(trees.drafter.history) == 2 * len(PROMPTS) - 1
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 9])
@@ -172,7 +186,7 @@ def test_generate_and_bench_accept_the_tree_methods(artifact, tmp_path, monkeypa
     from runtime.cli import main as runtime_main
 
     monkeypatch.setenv("SPECVOCAB_CACHE", str(artifact.parent / "cache"))
-    names = ["swarm:layers:1:4", "swarm:int8:2:gamma=3:nodes=8+csv", "swarm:layers:1:8:nodes=32", "mjsd:layers:1",
+    names = ["swarm:layers:1:4", "swarm:int8:2:gamma=3:nodes=8+csv", "swarm:lookup:4:nodes=12+csv", "swarm:layers:1:8:nodes=32", "mjsd:layers:1",
              "mjsd:int8:beam=2:tau=0.5:gamma=3"]
     prompt = "w5 w9 w31 w5 w9"
     prompts = tmp_path / "prompts.json"
@@ -205,7 +219,7 @@ def test_transformers_backend_refuses_tree_methods(artifact, monkeypatch) -> Non
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["swarm:int8:4", "swarm:layers:12:2:gamma=5:nodes=32"])
+@pytest.mark.parametrize("name", ["swarm:int8:4", "swarm:layers:12:2:gamma=5:nodes=32", "swarm:lookup:4:nodes=12"])
 def test_real_gemma_greedy_swarm_equals_ar(gemma_session, name) -> None:
     from runtime.method_builders import build_method
 

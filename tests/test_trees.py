@@ -71,6 +71,13 @@ def test_merge_sequences_shares_prefixes():
     assert merge_sequences([[]])[1] == [ROOT]
 
 
+def test_merge_sequences_cuts_later_sequences_at_the_budget():
+    tree, ends = merge_sequences([[1, 2, 3], [1, 2, 4, 5], [6, 7], [1, 2]], budget=5)
+    assert tree.size == 5  # 1, 12, 123, 124, 1245: the third sequence's 6 would be a sixth node
+    assert [tree.tokens[tree.path(end)].tolist() if end != ROOT else [] for end in ends] == [[1, 2, 3], [1, 2, 4, 5], [], [1, 2]]
+    assert merge_sequences([[1, 2, 3], [4]], budget=2)[0].tokens.tolist() == [1, 2]
+
+
 def random_expand(k: int, seed: int):
     """Candidates after any path: k tokens with distinct pseudo-random confidences (a function of the path)."""
     def expand(path: list[int]) -> tuple[list[int], list[float]]:

@@ -5,7 +5,8 @@ that idea on top of runtime.drafters.ngram. The context's last n tokens (n = max
 looked up in the context first (the most recent earlier occurrence), then, for n >= MIN_HISTORY_NGRAM,
 in the earlier sequences of this drafter's session (prompt plus output, the most recent occurrence).
 A match of n tokens drafts at most n tokens: a longer match is trusted further, and a one-token match
-(often a space or a bracket) drafts one.
+(often a space or a bracket) drafts one. For token trees (`swarm:lookup:K`), `continuations` gives
+the K best distinct continuations instead, each as deep as the tree.
 
 The session is the drafter object: a Method built once per Engine keeps it across generate calls and
 bench prompts; a new process starts empty. Drafts are verified like any other, so outputs stay exact.
@@ -16,12 +17,13 @@ from __future__ import annotations
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.drafters.ngram import find_latest
+from runtime.drafters.ngram import find_earlier, find_latest
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
 
 MIN_HISTORY_NGRAM = 2  # a single token matches everywhere in other sequences: not worth a draft
 MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this many tokens, the newest
+MAX_HITS = 8  # the index keeps this many occurrences of each n-gram in the session, the newest
 
 
 class LookupDrafter:
@@ -32,8 +34,9 @@ class LookupDrafter:
             raise ValueError(f"need max_ngram >= 1, got {max_ngram}")
         self.max_ngram, self.max_history_tokens = max_ngram, max_history_tokens
         self.history: list[list[int]] = []  # earlier sequences, oldest first
-        # n-gram (MIN_HISTORY_NGRAM <= n <= max_ngram) -> (sequence index, position after it), most recent
-        self._index: dict[tuple[int, ...], tuple[int, int]] = {}
+        # n-gram (MIN_HISTORY_NGRAM <= n <= max_ngram) -> its occurrences (sequence index, position after
+        # it), oldest first, at most MAX_HITS
+        self._index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         self._sequence: list[int] = []  # the current sequence as far as the verifier has seen it
 
     def reset(
@@ -58,9 +61,12 @@ class LookupDrafter:
 
     def _add_to_index(self, index: int) -> None:
         sequence = self.history[index]
-        for end in range(1, len(sequence)):  # a later occurrence overwrites an earlier one
+        for end in range(1, len(sequence)):
             for n in range(MIN_HISTORY_NGRAM, min(self.max_ngram, end) + 1):
-                self._index[tuple(sequence[end - n : end])] = (index, end)
+                hits = self._index.setdefault(tuple(sequence[end - n : end]), [])
+                hits.append((index, end))
+                if len(hits) > MAX_HITS:
+                    del hits[0]
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """At most min(k, n) tokens after the longest matching suffix of n tokens: the context's own
@@ -74,13 +80,37 @@ class LookupDrafter:
             if start is not None:
                 return Proposal(torch.tensor(context[start + n : start + n + limit], dtype=torch.long))
             if n >= MIN_HISTORY_NGRAM:
-                hit = self._index.get(tuple(context[-n:]))
-                if hit is not None:
-                    sequence, end = self.history[hit[0]], hit[1]
-                    follow = sequence[end : end + limit]
+                hits = self._index.get(tuple(context[-n:]))
+                if hits:
+                    sequence, end = hits[-1]
+                    follow = self.history[sequence][end : end + limit]
                     if follow:
                         return Proposal(torch.tensor(follow, dtype=torch.long))
         return empty_proposal()
+
+    def continuations(self, context: list[int], depth: int, count: int) -> list[list[int]]:
+        """Up to `count` continuations of at most `depth` tokens, best first, none a prefix of an earlier
+        one: the longest matching suffix first; for each length, the context's earlier occurrences
+        newest first, then (n >= MIN_HISTORY_NGRAM) the session's. Every match drafts `depth` tokens."""
+        self._sequence = list(context)
+        found: list[list[int]] = []
+        covered: set[tuple[int, ...]] = set()  # every prefix of a continuation found so far
+
+        def take(follow: list[int]) -> bool:
+            if follow and tuple(follow) not in covered:
+                found.append(follow)
+                covered.update(tuple(follow[: i + 1]) for i in range(len(follow)))
+            return len(found) >= count
+
+        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
+            for start in find_earlier(context, n):
+                if take(context[start + n : start + n + depth]):
+                    return found
+            if n >= MIN_HISTORY_NGRAM:
+                for sequence, end in reversed(self._index.get(tuple(context[-n:]), ())):
+                    if take(self.history[sequence][end : end + depth]):
+                        return found
+        return found
 
     def observe(self, verdict: Verdict) -> None:
         """The verified tokens join the current sequence (what the session will remember)."""

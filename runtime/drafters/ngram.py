@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
@@ -44,10 +46,13 @@ class NgramDrafter:
 
 def find_latest(context: list[int], n: int) -> int | None:
     """Start of the most recent earlier occurrence of the last n tokens, or None."""
+    return next(find_earlier(context, n), None)
+
+
+def find_earlier(context: list[int], n: int) -> Iterator[int]:
+    """Starts of the earlier occurrences of the last n tokens that leave a following token, newest first."""
     suffix = context[-n:]
     first = suffix[0]
-    # Scan backwards from the latest start that still leaves one following token.
     for start in range(len(context) - n - 1, -1, -1):
         if context[start] == first and context[start : start + n] == suffix:
-            return start
-    return None
+            yield start
