@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "prefetch.h"
+
 namespace {
 namespace gemm {
 
@@ -20,8 +22,6 @@ using namespace simd;
 
 // Fully unrolled small loops: GCC then keeps the accumulator arrays in registers.
 #define SV_UNROLL _Pragma("GCC unroll 16")
-
-constexpr int64_t kPrefetchRows = 8;  // software prefetch this many weight rows ahead
 
 template <class D>
 inline void prefetch_block(const uint8_t* p) {

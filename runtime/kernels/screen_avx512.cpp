@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "prefetch.h"
 #include "simd_avx512.h"
 
 #include <algorithm>
@@ -29,7 +30,6 @@ namespace {
 using simd::tail_mask;
 
 constexpr int kRows = 4;  // rows per block: independent accumulators hide FMA latency
-constexpr int kPrefetchRows = 8;  // software prefetch (simd::prefetch, into L2) this many rows ahead
 
 inline void prefetch_rows(const int8_t* q, int64_t d, int64_t j) {
   for (int r = 0; r < kRows; ++r) simd::prefetch(reinterpret_cast<const uint8_t*>(q + (kPrefetchRows + r) * d + j));
