@@ -186,8 +186,8 @@ def test_generate_and_bench_accept_the_tree_methods(artifact, tmp_path, monkeypa
     from runtime.cli import main as runtime_main
 
     monkeypatch.setenv("SPECVOCAB_CACHE", str(artifact.parent / "cache"))
-    names = ["swarm:layers:1:4", "swarm:int8:2:gamma=3:nodes=8+csv", "swarm:lookup:4:nodes=12+csv", "swarm:layers:1:8:nodes=32", "mjsd:layers:1",
-             "mjsd:int8:beam=2:tau=0.5:gamma=3"]
+    names = ["swarm:layers:1:4", "swarm:int8:2:gamma=3:nodes=8+csv", "swarm:lookup:4:nodes=12+csv", "swarm:layers:1:8:nodes=32",
+             "mjsd:layers:1", "mjsd:int8:beam=2:tau=0.5:gamma=3"]
     prompt = "w5 w9 w31 w5 w9"
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"text": prompt}]))

@@ -14,10 +14,12 @@ bench prompts; a new process starts empty. Drafts are verified like any other, s
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.drafters.ngram import find_earlier, find_latest
+from runtime.drafters.ngram import find_earlier
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
 
@@ -68,48 +70,41 @@ class LookupDrafter:
                 if len(hits) > MAX_HITS:
                     del hits[0]
 
+    def _matches(self, context: list[int]) -> Iterator[tuple[int, list[int], int]]:
+        """Every earlier occurrence of a suffix of the context, best first, as (n, tokens, end): the
+        suffix's length n (max_ngram down to 1) and the sequence holding it, with the position after
+        it (a following token always exists). For each n, the context's occurrences newest first,
+        then (n >= MIN_HISTORY_NGRAM) the session's."""
+        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
+            for start in find_earlier(context, n):
+                yield n, context, start + n
+            if n >= MIN_HISTORY_NGRAM:
+                for sequence, end in reversed(self._index.get(tuple(context[-n:]), ())):
+                    yield n, self.history[sequence], end
+
     def propose(self, context: list[int], k: int) -> Proposal:
         """At most min(k, n) tokens after the longest matching suffix of n tokens: the context's own
         most recent earlier occurrence first, then the session's."""
         self._sequence = list(context)
-        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
-            limit = min(k, n)
-            if limit <= 0:
-                return empty_proposal()
-            start = find_latest(context, n)
-            if start is not None:
-                return Proposal(torch.tensor(context[start + n : start + n + limit], dtype=torch.long))
-            if n >= MIN_HISTORY_NGRAM:
-                hits = self._index.get(tuple(context[-n:]))
-                if hits:
-                    sequence, end = hits[-1]
-                    follow = self.history[sequence][end : end + limit]
-                    if follow:
-                        return Proposal(torch.tensor(follow, dtype=torch.long))
-        return empty_proposal()
+        match = next(self._matches(context), None) if k > 0 else None
+        if match is None:
+            return empty_proposal()
+        n, tokens, end = match
+        return Proposal(torch.tensor(tokens[end : end + min(k, n)], dtype=torch.long))
 
     def continuations(self, context: list[int], depth: int, count: int) -> list[list[int]]:
-        """Up to `count` continuations of at most `depth` tokens, best first, none a prefix of an earlier
-        one: the longest matching suffix first; for each length, the context's earlier occurrences
-        newest first, then (n >= MIN_HISTORY_NGRAM) the session's. Every match drafts `depth` tokens."""
+        """Up to `count` continuations of at most `depth` tokens, best first (the order of the
+        matches), none a prefix of an earlier one. Every match drafts `depth` tokens."""
         self._sequence = list(context)
         found: list[list[int]] = []
         covered: set[tuple[int, ...]] = set()  # every prefix of a continuation found so far
-
-        def take(follow: list[int]) -> bool:
+        for _, tokens, end in self._matches(context):
+            if len(found) >= count:
+                break
+            follow = tokens[end : end + depth]
             if follow and tuple(follow) not in covered:
                 found.append(follow)
                 covered.update(tuple(follow[: i + 1]) for i in range(len(follow)))
-            return len(found) >= count
-
-        for n in range(min(self.max_ngram, len(context) - 1), 0, -1):
-            for start in find_earlier(context, n):
-                if take(context[start + n : start + n + depth]):
-                    return found
-            if n >= MIN_HISTORY_NGRAM:
-                for sequence, end in reversed(self._index.get(tuple(context[-n:]), ())):
-                    if take(self.history[sequence][end : end + depth]):
-                        return found
         return found
 
     def observe(self, verdict: Verdict) -> None:
