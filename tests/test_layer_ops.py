@@ -72,8 +72,9 @@ def test_attend_matches_sdpa_and_depends_only_on_the_keys_it_reads(hd: int) -> N
     g = _generator(2)
     count, heads, kv, scale = 4, 6, 2, 0.125
     qkv = torch.randn(count, heads + 2 * kv, hd, generator=g)
-    keys, values = _cache(kv, 32, hd, g)
-    first, end, no_path = torch.tensor([0, 3, 0, 10]), torch.tensor([9, 10, 11, 12]), torch.empty(count, 0, dtype=torch.long)
+    keys, values = _cache(kv, 48, hd, g)
+    # 9 to 41 keys: the softmax's 16-wide steps and its tail
+    first, end, no_path = torch.tensor([0, 3, 0, 10]), torch.tensor([9, 35, 41, 12]), torch.empty(count, 0, dtype=torch.long)
     out = attend(qkv, heads, keys, values, first, end, no_path, scale)  # [T, H hd]
     for t in range(count):
         ref = F.scaled_dot_product_attention(
@@ -121,8 +122,34 @@ def test_layer_ops_bit_identical_on_every_compiled_path(path: str, hd: int) -> N
     norms = torch.randn(hd, generator=g), torch.randn(hd, generator=g)
     results = []
     for module in (other, active):
-        cache, mine = _cache(kv, 16, hd, _generator(5)), qkv.clone()
+        cache, mine = _cache(kv, 40, hd, _generator(5)), qkv.clone()
         module.prepare_qkv(mine, heads, *norms, 1e-6, cos, sin, torch.tensor([3, 4, 5]), *cache, 3)
         out = module.attend(mine, heads, *cache, torch.tensor([0, 0, 1]), torch.tensor([4, 5, 6]), torch.tensor([[9, -1], [-1, -1], [8, 7]]), 0.2)
-        results.append((mine, *cache, out))
+        long_rows = module.attend(mine[:2].contiguous(), heads, *cache, torch.tensor([0, 2]), torch.tensor([16, 33]), torch.tensor([[-1], [-1]]), 0.2)
+        results.append((mine, *cache, out, long_rows))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@needs_compiled_kernels
+@pytest.mark.parametrize("path", build.PATHS)
+def test_softmax_exp_within_an_ulp_and_the_same_on_every_path(path: str) -> None:
+    """Attention's exp is ours (simd ops, not the C library's): within 1 ulp of exp, the same bits on every path."""
+    other, active = compiled_module(path), build.active()[1]
+    x = -torch.linspace(0, 87, 100_001)  # exp's whole normal range below 0
+    pairs = torch.stack([torch.zeros_like(x), x], dim=1)  # [R, 2]: weights 1 and exp(x)
+    weights, sums = active.softmax(pairs, 1.0)
+    exact = torch.exp(x.double())
+    ulp = torch.ldexp(torch.ones_like(exact), torch.frexp(exact).exponent - 24)  # float32's ulp, in float64 (no subnormals)
+    assert torch.equal(weights[:, 0], torch.ones_like(x))
+    assert ((weights[:, 1].double() - exact).abs() / ulp).max() <= 1.0
+    assert torch.equal(sums, weights.sum(dim=1))  # two terms: one rounding either way
+    assert torch.equal(other.softmax(pairs, 1.0)[0], weights)
+    g = _generator(6)
+    for n in (1, 15, 16, 17, 40):
+        scores = torch.randn(3, n, generator=g) * 8
+        mine, total = active.softmax(scores, 0.3)
+        torch.testing.assert_close(mine / total[:, None], torch.softmax(scores * 0.3, dim=1), rtol=1e-6, atol=1e-7)
+        theirs = other.softmax(scores, 0.3)
+        assert torch.equal(theirs[0], mine) and torch.equal(theirs[1], total)
+    nan_row = active.softmax(torch.tensor([[0.0, float("nan"), -1.0]]), 1.0)
+    assert nan_row[0][0, 1].isnan() and nan_row[1][0].isnan()

@@ -170,6 +170,7 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
   m.def("rms_norm", &ops::rms_norm, "RMSNorm of each row, the mean's sum in the fixed order");               \
   m.def("prepare_qkv", &ops::prepare_qkv, "q/k norm and rotary in place, k and v written to the cache");   \
   m.def("attend", &ops::attend, "attention of single queries over the cached keys each sees");                \
+  m.def("softmax", &ops::softmax, "attention weights exp(s * scale - max) of each row, and their sums");     \
   m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix");                \
   pybind11::class_<plan::LayerPlan>(m, "LayerPlan")                                                           \
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<std::vector<torch::Tensor>>, \

@@ -6,8 +6,8 @@
 // reads them), so a forward over n tokens gives each token the bits a one-token step gives it,
 // and a token-tree node the bits a chain step over its path gives it. Sums use the skinny
 // kernel's order (two 16-lane accumulators over 32-element steps, masked 16-wide tail steps into
-// the first, GCC's reduce tree), so the three ISA paths agree bit for bit. exp is the C
-// library's (one implementation per machine, whatever the path).
+// the first, GCC's reduce tree), so the three ISA paths agree bit for bit; so does exp, ours in simd
+// ops (exp_nonpositive), not the C library's.
 #pragma once
 
 #include <torch/extension.h>
@@ -175,10 +175,70 @@ inline void value_pass(int64_t heads, const float* p, int64_t most, const float*
   }
 }
 
+// exp(x) for x <= 0 (NaN stays NaN), within 1 ulp (tested): Cephes' expf (Cody-Waite reduction by ln 2, a
+// degree-7 polynomial) in simd ops only, so every path gives the same bits. Below -87 (where exp
+// leaves float's normal range) it gives exp(-87), ~1.6e-38: attention weights that small change no sum.
+inline V exp_nonpositive(V x) {
+  x = max(set1(-87.0f), x);                                              // NaN: vmaxps returns x
+  const V shifted = add(mul(x, set1(1.44269504088896341f)), set1(0x1.8p23f));  // 1.5 * 2^23 + k, k = round(x / ln 2)
+  const V k = sub(shifted, set1(0x1.8p23f));                             // k in [-126, 0], exact
+  V r = fma(k, set1(-0.693359375f), x);                                  // x - k ln 2 (ln 2 in two parts)
+  r = fma(k, set1(2.12194440e-4f), r);
+  V y = fma(set1(1.9875691500e-4f), r, set1(1.3981999507e-3f));
+  y = fma(y, r, set1(8.3334519073e-3f));
+  y = fma(y, r, set1(4.1665795894e-2f));
+  y = fma(y, r, set1(1.6666665459e-1f));
+  y = fma(y, r, set1(5.0000001201e-1f));
+  y = add(fma(y, mul(r, r), r), set1(1.0f));                             // exp(r), |r| <= ln 2 / 2
+  const V two_k = as_float(shl(sub_(as_int(shifted), 0x4B400000 - 127), 23));  // 2^k: k + 127 in the exponent bits
+  return mul(y, two_k);
+}
+
+// The attention weights of one query head in place: s_j <- exp(s_j * scale - max) over its n
+// scores; returns their sum (16-lane partial sums, then reduce's tree).
+inline float softmax_weights(float* s, int64_t n, float scale) {
+  const V factor = set1(scale);
+  V tops = set1(-INFINITY);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const V v = mul(load(s + j), factor);
+    store(s + j, v);
+    tops = max(tops, v);
+  }
+  alignas(64) float lanes[16];
+  store(lanes, tops);
+  float top = lanes[0];
+  for (int l = 1; l < 16; ++l) top = std::max(top, lanes[l]);
+  for (int64_t t = j; t < n; ++t) top = std::max(top, s[t] *= scale);  // the tail, after the full steps
+  const V shift = set1(top);
+  V sums = zero();
+  for (j = 0; j + 16 <= n; j += 16) {
+    const V w = exp_nonpositive(sub(load(s + j), shift));
+    store(s + j, w);
+    sums = add(sums, w);
+  }
+  if (j < n) {
+    const V w = exp_nonpositive(sub(load_partial(s + j, n - j), shift));
+    store_first(s + j, w, n - j);
+    sums = add(sums, keep_first(w, n - j));
+  }
+  return reduce(sums);
+}
+
+// softmax_weights of each row of a copy of scores [R, n]: (the weights [R, n], their sums [R]).
+std::tuple<torch::Tensor, torch::Tensor> softmax(torch::Tensor scores, double scale) {
+  check_float(scores, 2, "scores");
+  auto weights = scores.clone();
+  auto sums = torch::empty({scores.size(0)}, scores.options());
+  for (int64_t r = 0; r < scores.size(0); ++r)
+    sums.data_ptr<float>()[r] = softmax_weights(weights.data_ptr<float>() + r * scores.size(1), scores.size(1), static_cast<float>(scale));
+  return {weights, sums};
+}
+
 // Attention of each query q[t] [H, hd] (the first H heads of qkv [T, H + 2 KV, hd]) over the cached keys it sees: slots first[t] .. end[t] - 1,
 // then extra[t][0..] up to the first -1 (a tree node's path), in that order. keys, values
 // [KV, capacity, hd]; head h reads kv head h / (H / KV). Per (t, h): scores <q, k_j> * scale,
-// p_j = exp(score_j - max), out = (sum_j p_j v_j, in key order) / (sum_j p_j). -> [T, H * hd]
+// p_j = exp(score_j - max) (exp_nonpositive), out = (sum_j p_j v_j, in key order) / (sum_j p_j). -> [T, H * hd]
 // The query heads that share a kv head go through the keys together (one rows_dot pass scores
 // them all, one value pass sums them), each (t, h) in the same order as alone.
 torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch::Tensor values, torch::Tensor first, torch::Tensor end,
@@ -240,20 +300,7 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
         j += run;
       }
       float total[kMaxHeadsPerPass];
-      for (int64_t b = 0; b < nh; ++b) {
-        float* pb = p.data() + b * most;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          pb[j] *= scalef;
-          top = std::max(top, pb[j]);
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; ++j) {
-          pb[j] = std::exp(pb[j] - top);
-          sum += pb[j];
-        }
-        total[b] = sum;
-      }
+      for (int64_t b = 0; b < nh; ++b) total[b] = softmax_weights(p.data() + b * most, n, scalef);
       float* o = op + (t * heads + h0) * hd;  // [nh, hd]
       value_pass(nh, p.data(), most, vh, seen, hd, o);
       for (int64_t b = 0; b < nh; ++b)

@@ -35,6 +35,18 @@ inline V add(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, 
 inline V sub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline V mul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline V fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V max(V a, V b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }  // a > b ? a : b (b when either is NaN)
+inline V keep_first(V a, int64_t n) {  // lanes >= n: +0
+  alignas(32) float buf[16];
+  store(buf, a);
+  for (int64_t l = n < 0 ? 0 : n; l < 16; ++l) buf[l] = 0.0f;
+  return load(buf);
+}
+inline void store_first(float* p, V a, int64_t n) {  // lanes < min(n, 16)
+  alignas(32) float buf[16];
+  store(buf, a);
+  std::memcpy(p, buf, static_cast<size_t>(n < 16 ? n : 16) * sizeof(float));
+}
 // The AVX-512 path's tree (GCC's _mm512_reduce_add_ps): 8..15 + 0..7, 4 + 4, {2,3,0,1}, [0] + [1].
 inline float reduce(V a) {
   const __m256 t3 = _mm256_add_ps(a.hi, a.lo);
@@ -50,6 +62,8 @@ inline void reduce_rows(const V* v, float* y, int64_t ys) {
 }
 
 inline V to_float(I a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline I as_int(V a) { return {_mm256_castps_si256(a.lo), _mm256_castps_si256(a.hi)}; }  // the same bits
+inline V as_float(I a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
 inline I load_u8(const uint8_t* p) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))};

@@ -41,6 +41,10 @@ inline V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V sub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline V mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c, one rounding
+// a > b ? a : b per lane (vmaxps: b when either is NaN).
+inline V max(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V keep_first(V a, int64_t n) { return {_mm512_maskz_mov_ps(tail_mask(n), a.v)}; }  // lanes >= n: +0
+inline void store_first(float* p, V a, int64_t n) { _mm512_mask_storeu_ps(p, tail_mask(n), a.v); }  // lanes < min(n, 16)
 // GCC's tree (avx512fintrin.h __MM512_REDUCE_OP): lanes 8..15 + 0..7, then 4 + 4, then {2,3,0,1}, then [0] + [1].
 inline float reduce(V a) { return _mm512_reduce_add_ps(a.v); }
 
@@ -88,6 +92,8 @@ __attribute__((always_inline)) inline void reduce_rows(const V* v, float* y, int
 }
 
 inline V to_float(I a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline I as_int(V a) { return {_mm512_castps_si512(a.v)}; }  // the same bits
+inline V as_float(I a) { return {_mm512_castsi512_ps(a.v)}; }
 inline I load_u8(const uint8_t* p) { return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline I load_i8(const uint8_t* p) { return {_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline I and_(I a, int m) { return {_mm512_and_si512(a.v, _mm512_set1_epi32(m))}; }

@@ -35,6 +35,9 @@ inline V add(V a, V b) { SV_LANES a.v[l] = a.v[l] + b.v[l]; return a; }
 inline V sub(V a, V b) { SV_LANES a.v[l] = a.v[l] - b.v[l]; return a; }
 inline V mul(V a, V b) { SV_LANES a.v[l] = a.v[l] * b.v[l]; return a; }
 inline V fma(V a, V b, V c) { SV_LANES c.v[l] = std::fmaf(a.v[l], b.v[l], c.v[l]); return c; }
+inline V max(V a, V b) { SV_LANES a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l]; return a; }  // b when either is NaN, as vmaxps
+inline V keep_first(V a, int64_t n) { for (int64_t l = n < 0 ? 0 : n; l < 16; ++l) a.v[l] = 0.0f; return a; }  // lanes >= n: +0
+inline void store_first(float* p, V a, int64_t n) { std::memcpy(p, a.v, static_cast<size_t>(n < 16 ? n : 16) * sizeof(float)); }
 // GCC's _mm512_reduce_add_ps tree: lanes 8..15 + 0..7, then 4 + 4, then {2,3,0,1}, then [0] + [1].
 inline float reduce(V a) {
   float t3[8], t6[4];
@@ -50,6 +53,8 @@ inline void reduce_rows(const V* v, float* y, int64_t ys) {
 }
 
 inline V to_float(I a) { V r; SV_LANES r.v[l] = static_cast<float>(a.v[l]); return r; }
+inline I as_int(V a) { I r; std::memcpy(r.v, a.v, sizeof(r.v)); return r; }  // the same bits
+inline V as_float(I a) { V r; std::memcpy(r.v, a.v, sizeof(r.v)); return r; }
 inline I load_u8(const uint8_t* p) { I r; SV_LANES r.v[l] = p[l]; return r; }
 inline I load_i8(const uint8_t* p) { I r; SV_LANES r.v[l] = static_cast<int8_t>(p[l]); return r; }
 inline I and_(I a, int m) { SV_LANES a.v[l] &= m; return a; }
