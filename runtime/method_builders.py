@@ -152,7 +152,8 @@ def tree(session: Session, spec: MethodSpec) -> Decoder:
                              "run: prep bake-onedecode ART --traces TR")
         drafter = TableTrees(OneDecodeDrafter(OneDecodeTable.load(session.artifact)), k)
     elif spec.drafter.name == "lookup":
-        drafter = LookupTrees(DRAFTERS["lookup"].build(None, spec.drafter.args), k)
+        context = DraftContext(session.target, None, session.artifact, session.model.info)  # lookup has no head
+        drafter = LookupTrees(DRAFTERS["lookup"].build(context, spec.drafter.args), k)
     else:
         drafter = SlotTrees(_backend_drafter(session, spec, head), k)
 
