@@ -17,14 +17,13 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
 from __future__ import annotations
 
 import os
-import queue
 import resource
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
+from runtime.decode import TokenStream
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, parse_method
 from runtime.prompting import encode_prompt
@@ -137,8 +136,7 @@ class Engine:
         stops = StopStrings(self.tokenizer, stop) if stop else None
         generator = torch.Generator().manual_seed(seed)
         guard = min_response_tokens if chat else 0
-        return Generation(self.tokenizer, lambda on_token: run.decode(
-            ids, max_new_tokens, sampling, generator, guard, on_token=on_token, stop=stops), note)
+        return Generation(self.tokenizer, run.stream(ids, max_new_tokens, sampling, generator, guard, stops), note)
 
     def bench(
         self,
@@ -196,58 +194,35 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-class _Cancelled(Exception):
-    """Raised inside the decoding thread when the consumer closed the stream."""
-
-
 class Generation:
     """Token ids of one generation as they are appended; `text` and `stats` once it is over; `note`
     when max_new_tokens was lowered to fit the model's context.
 
-    The loop runs in a worker thread and hands each token over a queue; closing the iterator early
-    (or leaving a `for` loop) stops the loop at its next token.
+    Iterating runs the decoding loop in the caller's thread, one token per step (runtime.decode says
+    why not in another thread); closing the iterator early (or leaving a `for` loop) ends the loop there.
     """
 
-    _DONE = object()
-
-    def __init__(self, tokenizer, run, note: str | None = None) -> None:
+    def __init__(self, tokenizer, stream: TokenStream, note: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.note = note  # set when max_new_tokens was lowered to fit the model's context
         self.tokens: list[int] = []
         self.stats: DecodeStats | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._cancel = threading.Event()
-        self._run = run
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def _work(self) -> None:
-        def on_token(token: int) -> None:
-            if self._cancel.is_set():
-                raise _Cancelled
-            self._queue.put(token)
-
-        try:
-            _, self.stats = self._run(on_token)
-        except _Cancelled:
-            pass
-        except BaseException as exc:  # handed to the consumer, raised where it iterates
-            self._error = exc
-        self._queue.put(self._DONE)
+        self._stream = stream
+        self._started = False
 
     def __iter__(self) -> Iterator[int]:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="generate", daemon=True)
-            self._thread.start()
+        self._started = True
         try:
-            while (item := self._queue.get()) is not self._DONE:
-                self.tokens.append(item)
-                yield item
+            while True:
+                try:
+                    token = next(self._stream)
+                except StopIteration as done:
+                    _, self.stats = done.value
+                    return
+                self.tokens.append(token)
+                yield token
         finally:
-            self._cancel.set()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+            self._stream.close()
 
     def wait(self) -> "Generation":
         """Run to the end (consuming the stream); returns self."""
@@ -258,6 +233,6 @@ class Generation:
     @property
     def text(self) -> str:
         """The decoded response (the stream is consumed first if it has not been)."""
-        if self._thread is None:
+        if not self._started:
             self.wait()
         return self.tokenizer.decode(self.tokens, skip_special_tokens=True)

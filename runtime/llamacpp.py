@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from runtime.decode import TokenStream
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats
 
@@ -97,8 +98,8 @@ class LlamaCppDecoder:
         self.eos_token_ids = eos_token_ids
 
     def __call__(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator=None,
-                 min_new_tokens: int = 0, on_token=None, stop=None) -> tuple[list[int], DecodeStats]:
-        """Decode up to max_new_tokens after prompt [P]; the tokens and their timing (as our loops report it)."""
+                 min_new_tokens: int = 0, stop=None) -> TokenStream:
+        """Decode up to max_new_tokens after prompt [P]: a token stream (runtime.decode) with the timing our loops report."""
         import numpy as np
 
         eos = sorted(self.eos_token_ids)
@@ -117,16 +118,15 @@ class LlamaCppDecoder:
             prompt.tolist(), top_k=1 if greedy else params.top_k, top_p=1.0 if greedy else params.top_p, min_p=0.0,
             temp=0.0 if greedy else params.temperature, repeat_penalty=1.0, reset=True,
             logits_processor=[guard] if min_new_tokens else None)
-        for token in stream:
-            if not tokens:
-                stats.seconds_prefill = time.perf_counter() - start
-            tokens.append(int(token))
-            stats.forwards += 1
-            if on_token is not None:
-                on_token(int(token))
-            if token in self.eos_token_ids or len(tokens) >= max_new_tokens or (stop is not None and stop.hit(tokens)):
-                break
-        stream.close()
+        with contextlib.closing(stream):  # also when our stream is closed early
+            for token in stream:
+                if not tokens:
+                    stats.seconds_prefill = time.perf_counter() - start
+                tokens.append(int(token))
+                stats.forwards += 1
+                yield int(token)
+                if token in self.eos_token_ids or len(tokens) >= max_new_tokens or (stop is not None and stop.hit(tokens)):
+                    break
         stats.seconds_total = time.perf_counter() - start
         stats.new_tokens = len(tokens)
         return tokens, stats

@@ -7,11 +7,11 @@ dynaspec, frspec, screenspec), `tree` (swarm) and `mjsd`. The target head and th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
-from runtime.decode import generate_ar
+from runtime.decode import TokenStream, drive, stream_ar
 from runtime.drafters import DRAFTERS, DraftContext
 from runtime.drafters.dynaspec import ShortlistDrafting
 from runtime.heads import CertifiedHead, FullHead
@@ -19,18 +19,19 @@ from runtime.heads.screen_draft import ScreenDraftHead
 from runtime.methods import MethodSpec, parse_method
 from runtime.sampling import SamplingParams
 from runtime.session import Session
-from runtime.speculative import generate_speculative
+from runtime.speculative import stream_speculative
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
 
 
-class Decoder(Protocol):
-    """(prompt [P], max new tokens, sampling, generator, min_new_tokens: the EOS guard) -> tokens, stats."""
+class Streamer(Protocol):
+    """(prompt [P], max new tokens, sampling, generator, min_new_tokens: the EOS guard, stop strings) ->
+    a token stream (runtime.decode): each new token as it is appended, then (tokens, stats)."""
 
     def __call__(
         self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator: torch.Generator | None,
-        min_new_tokens: int = 0, on_token: Callable[[int], None] | None = None, stop: StopStrings | None = None,
-    ) -> tuple[list[int], DecodeStats]: ...
+        min_new_tokens: int = 0, stop: StopStrings | None = None,
+    ) -> TokenStream: ...
 
 
 @dataclass
@@ -38,12 +39,17 @@ class Method:
     """A named way of decoding, runnable on token ids."""
 
     name: str
-    decode: Decoder
+    stream: Streamer
     spec: MethodSpec | None = None
 
     @property
     def distribution_preserving(self) -> bool:
         return self.spec is None or self.spec.distribution_preserving
+
+    def decode(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator: torch.Generator | None,
+               min_new_tokens: int = 0, stop: StopStrings | None = None) -> tuple[list[int], DecodeStats]:
+        """Decode to the end: the new tokens and the stats (the stream, run out)."""
+        return drive(self.stream(prompt, max_new_tokens, params, generator, min_new_tokens, stop))
 
 
 def build_method(session: Session, spec: MethodSpec | str) -> Method:
@@ -72,27 +78,26 @@ def drafter_head(session: Session, spec: MethodSpec, head):
     return None
 
 
-def autoregressive(session: Session, spec: MethodSpec) -> Decoder:
+def autoregressive(session: Session, spec: MethodSpec) -> Streamer:
     """ar / csv: one target forward and one head call per token."""
     # ar:BACKEND: the same model on another backend (its fp32 weights are loaded if that backend needs them).
     target = session.target if spec.backend is None else session.target_on(spec.backend)
     head = target_head(session, spec) if spec.backend is None else FullHead(target.head_weight, target.head_bias)
 
-    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
-        return generate_ar(target, head, prompt, n, params, generator, on_token=on_token,
-                           min_new_tokens=min_new_tokens, stop=stop)
+    def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
+        return stream_ar(target, head, prompt, n, params, generator, min_new_tokens, stop)
 
-    return decode
+    return stream
 
 
-def llamacpp(session: Session, spec: MethodSpec) -> Decoder:
+def llamacpp(session: Session, spec: MethodSpec) -> Streamer:
     """llama.cpp's plain decoding of the session model's GGUF, with this process's thread count."""
     from runtime.llamacpp import LlamaCppDecoder
 
     return LlamaCppDecoder(session.model.gguf_path, session.target.eos_token_ids)
 
 
-def speculative(session: Session, spec: MethodSpec) -> Decoder:
+def speculative(session: Session, spec: MethodSpec) -> Streamer:
     """spec and its aliases: the drafter proposes, the target verifies (or, without a verifier, the
     drafter's own backend decodes alone with the drafter's head)."""
     head = target_head(session, spec)
@@ -101,20 +106,19 @@ def speculative(session: Session, spec: MethodSpec) -> Decoder:
     drafter = DRAFTERS[spec.drafter.name].build(context, spec.drafter.args)
     shortlist = drafter.head if isinstance(drafter, ShortlistDrafting) else None
 
-    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
+    def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
         before = None if shortlist is None else replace(shortlist.stats)
         if spec.verifier:
-            tokens, stats = generate_speculative(
+            tokens, stats = yield from stream_speculative(
                 session.target, head, drafter, prompt, n, params, generator, gamma=spec.gamma, adaptive=spec.adaptive,
-                on_token=on_token, min_new_tokens=min_new_tokens, stop=stop)
+                min_new_tokens=min_new_tokens, stop=stop)
         else:
-            tokens, stats = generate_ar(drafter.backend, own, prompt, n, params, generator, on_token=on_token,
-                                        min_new_tokens=min_new_tokens, stop=stop)
+            tokens, stats = yield from stream_ar(drafter.backend, own, prompt, n, params, generator, min_new_tokens, stop)
         if shortlist is not None:
             stats.shortlist = shortlist.stats.since(before)
         return tokens, stats
 
-    return decode
+    return stream
 
 
 def _tree_target(session: Session) -> None:
@@ -137,11 +141,11 @@ def _backend_drafter(session: Session, spec: MethodSpec, head):
     return drafter
 
 
-def tree(session: Session, spec: MethodSpec) -> Decoder:
+def tree(session: Session, spec: MethodSpec) -> Streamer:
     """swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, or the lookup
     drafter's K continuations), one target forward each."""
     from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
-    from runtime.tree_speculative import LookupTrees, SlotTrees, TableTrees, generate_tree
+    from runtime.tree_speculative import LookupTrees, SlotTrees, TableTrees, stream_tree
 
     _tree_target(session)
     head = target_head(session, spec)
@@ -157,24 +161,24 @@ def tree(session: Session, spec: MethodSpec) -> Decoder:
     else:
         drafter = SlotTrees(_backend_drafter(session, spec, head), k)
 
-    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
-        return generate_tree(session.target, head, drafter, prompt, n, params, generator, depth=spec.gamma,
-                             budget=budget, on_token=on_token, min_new_tokens=min_new_tokens, stop=stop)
+    def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
+        return stream_tree(session.target, head, drafter, prompt, n, params, generator, depth=spec.gamma,
+                           budget=budget, min_new_tokens=min_new_tokens, stop=stop)
 
-    return decode
+    return stream
 
 
-def mjsd(session: Session, spec: MethodSpec) -> Decoder:
+def mjsd(session: Session, spec: MethodSpec) -> Streamer:
     """mjsd: beam drafts verified by joint likelihood (NOT distribution-preserving; runtime.mjsd)."""
-    from runtime.mjsd import BeamDrafts, generate_mjsd
+    from runtime.mjsd import BeamDrafts, stream_mjsd
 
     _tree_target(session)
     head = target_head(session, spec)
     options = dict(option.split("=") for option in spec.options)
     drafts = BeamDrafts(_backend_drafter(session, spec, head), int(options["beam"]))
 
-    def decode(prompt, n, params, generator, min_new_tokens=0, on_token=None, stop=None):
-        return generate_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=spec.gamma,
-                             tau=float(options["tau"]), on_token=on_token, min_new_tokens=min_new_tokens, stop=stop)
+    def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
+        return stream_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=spec.gamma,
+                           tau=float(options["tau"]), min_new_tokens=min_new_tokens, stop=stop)
 
-    return decode
+    return stream

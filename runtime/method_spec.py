@@ -63,7 +63,7 @@ class MethodEntry:
     """One registered method.
 
     parse: (arguments after the name, target head from a +csv suffix or None) -> MethodSpec;
-    build: (session, spec) -> Decoder (runtime.method_builders.Decoder);
+    build: (session, spec) -> Streamer (runtime.method_builders.Streamer);
     bench_only: a reference that `runtime generate` does not run (e.g. another program's decoder).
     """
 

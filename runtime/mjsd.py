@@ -25,14 +25,14 @@ models and the extra token is the target's argmax (the paper's argmax-warped MJG
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import torch
 
 from runtime.drafters.beam import BeamDraft, beam_search
 from runtime.drafters.layers import BackendDrafter
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, warp
-from runtime.speculative import Round, run_rounds
+from runtime.decode import TokenStream, drive
+from runtime.speculative import Round, stream_rounds
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
@@ -94,7 +94,12 @@ class BeamDrafts:
         return beam
 
 
-def generate_mjsd(
+def generate_mjsd(*args, **kwargs) -> tuple[list[int], DecodeStats]:
+    """stream_mjsd (same arguments) run to its end: the new tokens and the stats."""
+    return drive(stream_mjsd(*args, **kwargs))
+
+
+def stream_mjsd(
     target: TargetModel,
     head,
     drafts: BeamDrafts,
@@ -104,13 +109,12 @@ def generate_mjsd(
     generator: torch.Generator | None = None,
     gamma: int = 4,
     tau: float = DEFAULT_TAU,
-    on_token: Callable[[int], None] | None = None,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
-) -> tuple[list[int], DecodeStats]:
+) -> TokenStream:
     """MJSD decoding (not distribution-preserving): beam drafts of gamma tokens, joint acceptance at tau.
 
-    Arguments and returns as runtime.speculative.generate_speculative.
+    Arguments and stream as runtime.speculative.stream_speculative.
     """
     if gamma < 1 or not 0.0 <= tau < 1.0:
         raise ValueError(f"MJSD needs gamma >= 1 and tau in [0, 1), got {gamma} and {tau}")
@@ -142,4 +146,4 @@ def generate_mjsd(
 
         return one_round
 
-    return run_rounds(target, head, prompt, max_new_tokens, params, generator, begin, on_token, min_new_tokens, stop)
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop)

@@ -16,6 +16,7 @@ import torch
 
 from runtime.drafters.base import Drafter, Proposal
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
+from runtime.decode import TokenStream, drive
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
@@ -69,7 +70,12 @@ def next_gamma(gamma: int, verdict: Verdict) -> int:
     return min(gamma + 1, MAX_GAMMA) if verdict.bonus else max(gamma - 1, 1)
 
 
-def generate_speculative(
+def generate_speculative(*args, **kwargs) -> tuple[list[int], DecodeStats]:
+    """stream_speculative (same arguments) run to its end: the new tokens and the stats."""
+    return drive(stream_speculative(*args, **kwargs))
+
+
+def stream_speculative(
     target: TargetModel,
     head,
     drafter: Drafter,
@@ -79,13 +85,13 @@ def generate_speculative(
     generator: torch.Generator | None = None,
     gamma: int = 4,
     adaptive: bool = False,
-    on_token: Callable[[int], None] | None = None,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
-) -> tuple[list[int], DecodeStats]:
+) -> TokenStream:
     """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward.
 
-    prompt: [P] token ids. Returns the new tokens (EOS included if produced) and the stats. The
+    prompt: [P] token ids. A token stream (runtime.decode): the new tokens (EOS included if
+    produced), then the stats. The
     first token comes from the prefill as in generate_ar, so prefill timings compare across methods.
     min_new_tokens: EOS is excluded from the first that many tokens, in drafts and in the
     target's choices (the min-response guard; generate_ar's parameter of the same name).
@@ -117,7 +123,7 @@ def generate_speculative(
 
         return one_round
 
-    return run_rounds(target, head, prompt, max_new_tokens, params, generator, begin, on_token, min_new_tokens, stop)
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop)
 
 
 # (context, tokens still to produce) -> the round's verdict. Before a round the target's cache holds
@@ -126,7 +132,7 @@ def generate_speculative(
 Round = Callable[[list[int], int], Verdict]
 
 
-def run_rounds(
+def stream_rounds(
     target: TargetModel,
     head,
     prompt: torch.Tensor,
@@ -134,12 +140,11 @@ def run_rounds(
     params: SamplingParams,
     generator: torch.Generator | None,
     begin: Callable[[object, TokenBan, SpecStats], Round],
-    on_token: Callable[[int], None] | None = None,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
-) -> tuple[list[int], DecodeStats]:
-    """The loop chains and trees share: prefill and first token as in generate_ar, then draft-and-verify
-    rounds, each verdict's tokens appended until EOS, a stop string or max_new_tokens.
+) -> TokenStream:
+    """The loop chains and trees share: prefill and first token as in stream_ar, then draft-and-verify
+    rounds, each verdict's tokens appended (and yielded) until EOS, a stop string or max_new_tokens.
 
     begin(cache, ban, spec): called once after the first token (drafter resets go here); gives the
     round function. ban: the EOS min-response guard over absolute context positions.
@@ -156,29 +161,28 @@ def run_rounds(
     tokens: list[int] = []
     ban = TokenBan.min_response(target.eos_token_ids, len(context), min_new_tokens)
 
-    def emit(new: list[int]) -> bool:
-        """Append tokens until EOS, a stop string or the token limit; True when generation is over."""
-        for token in new:
+    def kept(new: list[int]) -> tuple[list[int], bool]:
+        """The prefix of `new` to append (up to EOS, a stop string or the token limit), and whether
+        generation is then over; appended to tokens and context here."""
+        for i, token in enumerate(new):
             tokens.append(token)
             context.append(token)
-            if on_token is not None:
-                on_token(token)
-            if token in target.eos_token_ids or len(tokens) == max_new_tokens:
-                return True
-            if stop is not None and stop.hit(tokens):
-                return True
-        return False
+            if token in target.eos_token_ids or len(tokens) == max_new_tokens or (stop is not None and stop.hit(tokens)):
+                return new[: i + 1], True
+        return new, False
 
-    finished = max_new_tokens <= 0 or emit(
-        [int(select_allowed(head, hidden, params, generator, ban.ids, ban.rows(len(context), 1))[0])]
-    )
+    new, finished = [], True
+    if max_new_tokens > 0:
+        new, finished = kept([int(select_allowed(head, hidden, params, generator, ban.ids, ban.rows(len(context), 1))[0])])
     stats.seconds_prefill = time.perf_counter() - started
+    yield from new
     one_round = begin(cache, ban, stats.spec)
     while not finished:
         verdict = one_round(context, max_new_tokens - len(tokens))
         stats.forwards += 1
         stats.spec.record(verdict)
-        finished = emit(verdict.tokens)
+        new, finished = kept(verdict.tokens)
+        yield from new
     stats.seconds_total = time.perf_counter() - started
     stats.new_tokens = len(tokens)
     stats.head = head.stats.since(head_before)

@@ -17,7 +17,7 @@ Tree sources (TreeDrafter):
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -26,7 +26,8 @@ from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.onedecode import OneDecodeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
-from runtime.speculative import Round, run_rounds
+from runtime.decode import TokenStream, drive
+from runtime.speculative import Round, stream_rounds
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
@@ -191,7 +192,12 @@ def verify_scored_tree(head, hidden: torch.Tensor, tree: TokenTree, params: Samp
     return verify_tree_exact(tree, p[torch.argsort(order)], generator)
 
 
-def generate_tree(
+def generate_tree(*args, **kwargs) -> tuple[list[int], DecodeStats]:
+    """stream_tree (same arguments) run to its end: the new tokens and the stats."""
+    return drive(stream_tree(*args, **kwargs))
+
+
+def stream_tree(
     target: TargetModel,
     head,
     drafter: TreeDrafter,
@@ -201,13 +207,12 @@ def generate_tree(
     generator: torch.Generator | None = None,
     depth: int = 4,
     budget: int = 16,
-    on_token: Callable[[int], None] | None = None,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
-) -> tuple[list[int], DecodeStats]:
+) -> TokenStream:
     """Token-tree speculative decoding: trees of at most `budget` nodes and `depth` levels per target forward.
 
-    Arguments and returns as runtime.speculative.generate_speculative. In the stats a round's
+    Arguments and stream as runtime.speculative.stream_speculative. In the stats a round's
     `drafted` is its tree's node count (gamma_mean: the mean tree size) and `accepted` the kept path's
     length; T_D is per drafted node, T_V per tree forward.
     """
@@ -235,4 +240,4 @@ def generate_tree(
 
         return one_round
 
-    return run_rounds(target, head, prompt, max_new_tokens, params, generator, begin, on_token, min_new_tokens, stop)
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -35,6 +37,17 @@ def test_sampled_generation_is_reproducible_and_closing_early_stops(engine):
     head = [next(stream) for _ in range(3)]
     stream.close()
     assert run.tokens == head
+
+
+def test_decoding_runs_in_the_iterating_thread(engine, monkeypatch):
+    # A loop on another Python thread gets a second OpenMP pool, and libgomp then stops spinning
+    # (runtime.decode): every forward must run on the thread that iterates.
+    target, threads = engine.session.target, set()
+    forward = target.forward
+    monkeypatch.setattr(target, "forward", lambda *a, **k: (threads.add(threading.get_ident()), forward(*a, **k))[1])
+    for method in ("ar", "spec:ngram:gamma=3+csv"):
+        assert list(engine.generate("w5 w9 w31 w5 w9", method=method, max_new_tokens=12))
+    assert threads == {threading.get_ident()}
 
 
 def test_errors_surface_where_the_caller_iterates(engine):

@@ -13,11 +13,12 @@ from runtime.stats import DecodeStats
 def test_run_bench_passes_the_guard_to_every_decode():
     calls = []
 
-    def decode(prompt, n, params, generator, guard=0):
+    def stream(prompt, n, params, generator, guard=0, stop=None):
         calls.append(guard)
+        yield from [1] * n
         return [1] * n, DecodeStats(prompt_tokens=prompt.numel(), new_tokens=n)
 
-    methods = [Method("ar", decode), Method("spec:ngram", decode)]
+    methods = [Method("ar", stream), Method("spec:ngram", stream)]
     run_bench(methods, [torch.tensor([3, 4]), torch.tensor([5])], 4, SamplingParams(), seed=0, min_new_tokens=4)
     assert calls == [4] * 6  # two warm-ups, then two methods on two prompts
 

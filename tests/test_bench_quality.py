@@ -187,11 +187,12 @@ def test_bench_rows_report_joules_per_token_or_not_available(tmp_path, monkeypat
     monkeypatch.setattr(energy, "POWERCAP_ROOT", root)
 
     def decoder(microjoules: int):
-        def decode(prompt, n, params, generator, guard=0):
+        def stream(prompt, n, params, generator, guard=0, stop=None):
             spent = int((package / "energy_uj").read_text()) + microjoules
             (package / "energy_uj").write_text(f"{spent}\n")
+            yield from [1] * n
             return [1] * n, DecodeStats(prompt_tokens=prompt.numel(), new_tokens=n)
-        return decode
+        return stream
 
     methods = [Method("ar", decoder(400_000)), Method("csv", decoder(100_000))]
     prompts = [torch.tensor([3, 4]), torch.tensor([5])]
