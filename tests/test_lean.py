@@ -87,7 +87,7 @@ def test_skinny_linear_matches_torch_and_is_batch_invariant(rows: int, out: int,
     together = linear(x, w, b)  # [rows, out]
     torch.testing.assert_close(together, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
     alone = torch.cat([linear(x[i : i + 1], w, b) for i in range(rows)])
-    if kernel_name() == "avx512":
+    if kernel_name() != "torch":  # every compiled path: one summation order whatever the row count
         assert torch.equal(together, alone)
 
 

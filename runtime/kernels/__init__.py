@@ -18,7 +18,7 @@ INT16_SCREEN_MAX_COLS = 8192  # screen_avx512.cpp's kMaxIntCols: int32 sums of i
 
 
 def kernel_name() -> str:
-    """The kernel path in use: 'avx512', 'avx2', 'portable' (compiled, bit-identical) or 'torch'."""
+    """The kernel path in use: 'avx512vbmi', 'avx512', 'avx2', 'portable' (compiled, bit-identical) or 'torch'."""
     return active()[0]
 
 
@@ -64,7 +64,7 @@ def screen_gemv(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tenso
     Returns [B, V] float32: sum over groups of scale * <q_group, h_group>.
     """
     ext = active()[1]
-    if ext is not None and hasattr(ext, "screen_gemv"):  # the AVX-512 path only
+    if ext is not None and hasattr(ext, "screen_gemv"):  # the AVX-512 paths only
         return ext.screen_gemv(qweight, scales, hidden.float())
     return _screen_gemv_torch(qweight, scales, hidden.float())
 
@@ -134,7 +134,7 @@ def screen_select(
     """
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     ext = active()[1]
-    if ext is not None and hasattr(ext, "screen_select"):  # the AVX-512 path only
+    if ext is not None and hasattr(ext, "screen_select"):  # the AVX-512 paths only
         empty = torch.empty(0, dtype=torch.float32)
         return ext.screen_select(
             center, coefficients, hidden_norm, empty if qrow_norms is None else qrow_norms, remainder_norm,

@@ -106,8 +106,7 @@ struct Legacy {
       w0 = lookup(s, q);
       w1 = lookup(s, srl(q, 4));
     } else {
-      w0 = lookup(s, q, b + kHigh);
-      w1 = lookup(s, srl(q, 4), b + kHigh + 2);
+      lookup_halves(s, q, b + kHigh, w0, w1);
     }
   }
 };

@@ -1,10 +1,12 @@
 """Pick the compiled CPU kernel path this CPU can run, build it once, and load it.
 
-Three paths compute bit-identical results (one summation order, see gemm.h): `avx512`
-(AVX512F/BW + FMA + F16C), `avx2` (AVX2 + FMA + F16C) and `portable` (plain C++). Each is its
-own extension module, compiled with only its own instruction-set flags, so nothing built for
-AVX-512 can leak into the AVX2 path. The best path the CPU reports (/proc/cpuinfo) is used unless
-SPECVOCAB_KERNELS names one (avx512|avx2|portable|torch); `torch` means no compiled kernels.
+Four paths compute bit-identical results (one summation order, see gemm.h): `avx512vbmi` (the
+avx512 sources built with AVX512_VBMI too: 5-bit blocks take their high bits with one byte
+multishift), `avx512` (AVX512F/BW + FMA + F16C), `avx2` (AVX2 + FMA + F16C) and `portable` (plain
+C++). Each is its own extension module, compiled with only its own instruction-set flags, so
+nothing built for AVX-512 can leak into the AVX2 path. The best path the CPU reports
+(/proc/cpuinfo) is used unless SPECVOCAB_KERNELS names one (avx512vbmi|avx512|avx2|portable|torch);
+`torch` means no compiled kernels.
 
 Builds are cached under torch's extension directory, keyed by a hash of the sources, flags, torch
 and Python versions; a cached build is imported directly (no compiler run, nothing printed).
@@ -24,20 +26,23 @@ from types import ModuleType
 import torch
 
 ENV = "SPECVOCAB_KERNELS"
-PATHS = ("avx512", "avx2", "portable")  # best first
+PATHS = ("avx512vbmi", "avx512", "avx2", "portable")  # best first
 CHOICES = (*PATHS, "torch")
 _HERE = Path(__file__).parent
 _SOURCES = {
+    "avx512vbmi": ("module_avx512.cpp", "screen_avx512.cpp"),
     "avx512": ("module_avx512.cpp", "screen_avx512.cpp"),
     "avx2": ("module_avx2.cpp",),
     "portable": ("module_portable.cpp",),
 }
 _ISA_FLAGS = {
+    "avx512vbmi": ("-mavx512f", "-mavx512bw", "-mavx512vbmi", "-mfma", "-mf16c"),
     "avx512": ("-mavx512f", "-mavx512bw", "-mfma", "-mf16c"),
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": (),
 }
 _CPU_NEEDS = {
+    "avx512vbmi": frozenset({"avx512f", "avx512bw", "avx512vbmi", "fma", "f16c"}),
     "avx512": frozenset({"avx512f", "avx512bw", "fma", "f16c"}),
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "portable": frozenset(),

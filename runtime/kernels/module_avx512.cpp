@@ -1,5 +1,6 @@
-// The AVX-512 path (AVX512F/BW + FMA + F16C): the exact skinny GEMM over fp32 and ggml block
-// weights (gemm.h), plus the int8 screening kernels of the certified head (screen_avx512.cpp).
+// The AVX-512 paths (AVX512F/BW + FMA + F16C; built again with AVX512_VBMI as avx512vbmi): the
+// exact skinny GEMM over fp32 and ggml block weights (gemm.h), plus the int8 screening kernels of
+// the certified head (screen_avx512.cpp).
 #include "simd_avx512.h"
 #include "blocks.h"
 #include "gemm.h"

@@ -94,13 +94,17 @@ struct BitTable {
   }
 };
 const BitTable kBit16;
-// The value at (q & 15) | 16 * (bit i of the little-endian bits at `bits`) per lane i: a table
-// load per 8 lanes gives the 16s.
+// Elements 0..15 and 16..31 of a 5-bit block (simd_avx512.h's lookup_halves): the values at
+// (q & 15) | 16 * bit i and ((q >> 4) & 15) | 16 * bit (16 + i) of the little-endian bits at
+// `bits`, per lane i; a table load per 8 lanes gives the 16s.
 template <int Offset, int Min>
-inline V lookup(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits) {
-  const I h = {_mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[bits[0]])),
-               _mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[bits[1]]))};
-  return affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), h));
+inline void lookup_halves(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits, V& w0, V& w1) {
+  const auto sixteens = [](const uint8_t* p) {
+    return I{_mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[p[0]])),
+             _mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[p[1]]))};
+  };
+  w0 = affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), sixteens(bits)));
+  w1 = affine_at<Offset, Min>(a.d, a.m, or_(and_(srl(q, 4), 15), sixteens(bits + 2)));
 }
 
 inline V load_f16(const uint8_t* p) {

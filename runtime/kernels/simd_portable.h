@@ -66,12 +66,16 @@ inline I sub_(I a, int b) { SV_LANES a.v[l] -= b; return a; }
 inline I merge_bits(I a, I b, int m) { SV_LANES a.v[l] = (a.v[l] & m) | (b.v[l] & ~m); return a; }  // a where m has ones, b elsewhere
 
 #include "affine_per_element.h"  // Affine, affine, lookup: the values computed per element
-// The value at (q & 15) | 16 * (bit i of the little-endian bits at `bits`) per lane i.
+// Elements 0..15 and 16..31 of a 5-bit block (simd_avx512.h's lookup_halves): the values at
+// (q & 15) | 16 * bit i and ((q >> 4) & 15) | 16 * bit (16 + i) of the little-endian bits at
+// `bits`, per lane i.
 template <int Offset, int Min>
-inline V lookup(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits) {
-  I h;
-  SV_LANES h.v[l] = ((bits[l >> 3] >> (l & 7)) & 1) << 4;
-  return affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), h));
+inline void lookup_halves(const Affine<5, Offset, Min>& a, I q, const uint8_t* bits, V& w0, V& w1) {
+  I low, high;
+  SV_LANES low.v[l] = ((bits[l >> 3] >> (l & 7)) & 1) << 4;
+  SV_LANES high.v[l] = ((bits[2 + (l >> 3)] >> (l & 7)) & 1) << 4;
+  w0 = affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), low));
+  w1 = affine_at<Offset, Min>(a.d, a.m, or_(and_(srl(q, 4), 15), high));
 }
 
 // Exact IEEE half -> float (normals, subnormals, infinities; NaNs keep their payload).
