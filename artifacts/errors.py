@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 # are filled in where known. Stages without an entry come from a full recipe.
 PREP_COMMANDS = {
     Stage.CLUSTERS: "prep cluster {model} -o {artifact}",
+    Stage.SCREEN4: "prep screen4 {model} -o {artifact}",
     Stage.ROUTER: "prep train-router {artifact} --traces TRACES",
     Stage.GP: "prep gp-basis {artifact} --rank RANK",
     Stage.ONEDECODE: "prep bake-onedecode {artifact} --traces TRACES",

@@ -71,6 +71,7 @@ class Stage:
 
     CLUSTERS = "clusters"
     SCREEN = "screen"
+    SCREEN4 = "screen4"
     ROUTER = "router"
     GP = "gp"
     ONEDECODE = "onedecode"

@@ -142,6 +142,21 @@ SCREEN = declare(StageSchema(
     params=("scheme", "group_size", "per_row"),
 ))
 
+SCREEN4 = declare(StageSchema(
+    Stage.SCREEN4,
+    tensors={
+        "codes": T("uint8", "V", "H"),  # H = d / 2: two 4-bit codes per byte
+        "scales": T("float16", "V", "G"),  # G = d / 32
+        "mins": T("float16", "V", "G"),
+        "corr": T("int8", "V", "k"),
+        "corr_scale": T("float32", "V"),
+        "basis": T("float32", "d", "k"),
+        **{name: T("float32", "V") for name in ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms",
+                                                 "corr_norms", "corr_error_norms")},
+    },
+    params=("bits", "group_size", "rank", "calibration_positions"),
+))
+
 ROUTER = declare(StageSchema(
     Stage.ROUTER,
     tensors={

@@ -1,6 +1,6 @@
 """Recipes: one TOML per packaged model saying which parameters each prep stage uses, read into dataclasses.
 
-A recipe file has sections [cluster], [screen] and [router] (and a top-level `model`); every key
+A recipe file has sections [cluster], [screen], [screen4] and [router] (and a top-level `model`); every key
 of a section is a field of that section's dataclass below, and a key that is not is an error naming
 the valid ones. Command-line flags override recipe values through `overridden` only: a flag left at
 None means "the recipe's value".
@@ -38,6 +38,15 @@ class ScreenRecipe:
 
 
 @dataclass(frozen=True)
+class Screen4Recipe:
+    """[screen4]: the 4-bit screening head with a low-rank correction (prep.screen4)."""
+
+    rank: int = 32  # basis directions of the hidden states whose share of the error is stored
+    group: int = 64  # columns per float16 scale and minimum: 32 or 64
+    texts: int = 48  # ShareGPT train-split conversations (<= 256 tokens each) the basis comes from
+
+
+@dataclass(frozen=True)
 class RouterRecipe:
     """[router]: DynaSpec traces (prep traces) and router training (prep train-router)."""
 
@@ -65,6 +74,7 @@ class Recipe:
     model: str | None = None
     cluster: ClusterRecipe = field(default_factory=ClusterRecipe)
     screen: ScreenRecipe = field(default_factory=ScreenRecipe)
+    screen4: Screen4Recipe = field(default_factory=Screen4Recipe)
     router: RouterRecipe = field(default_factory=RouterRecipe)
 
 

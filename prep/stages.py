@@ -26,6 +26,8 @@ from artifacts.format import MANIFEST_FILE, Stage
 from artifacts.writing import check_output_dir
 from prep.cluster import build_clusters
 from prep.screen import build_screen
+from prep.screen4 import build_screen4, calibration_hidden
+from runtime.backends.hf import TransformersTarget
 from runtime.models import LoadedModel, load_model
 
 
@@ -115,6 +117,11 @@ def screen_request(group_size: int | None) -> dict[str, Any]:
     return {"per_row": True} if group_size == 0 else {"per_row": False, "group_size": group_size}
 
 
+def screen4_request(rank: int, group: int) -> dict[str, Any]:
+    """The `screen4` params that identify a build."""
+    return {"rank": rank, "group_size": group}
+
+
 @dataclass
 class HeadSource:
     """The LM head of a loaded model, and the artifact to write into."""
@@ -150,4 +157,15 @@ def write_screen(source: HeadSource, group_size: int | None, force: bool) -> dic
     tensors, params = build_screen(source.weight, group_size)
     source.artifact.write_stage(Stage.SCREEN, tensors, params, force=force)
     print(f"screen: int8, group size {params['group_size']}, mean error norm {params['mean_error_norm']:.4g}", file=sys.stderr)
+    return params
+
+
+def write_screen4(source: HeadSource, rank: int, group: int, texts: int, force: bool) -> dict:
+    """Build and write stage `screen4` (4-bit screen, low-rank correction from calibration hidden states)."""
+    target = TransformersTarget(source.model.model, frozenset())
+    hidden = calibration_hidden(target, source.model.tokenizer, texts=texts, progress=True)  # [N, d]
+    tensors, params = build_screen4(source.weight, hidden, rank, group, progress=True)
+    source.artifact.write_stage(Stage.SCREEN4, tensors, params, force=force)
+    print(f"screen4: 4-bit in groups of {group}, rank {rank} from {params['calibration_positions']} hidden states, "
+          f"mean relative error {params['mean_relative_error']:.4g}", file=sys.stderr)
     return params

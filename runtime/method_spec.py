@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-HEADS = ("full", "csv:screen", "csv:cluster")
+from runtime.heads import BOUNDS
+
+HEADS = ("full", *(f"csv:{bound}" for bound in BOUNDS))
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class MethodSpec:
     """What to decode with: target head, drafter, loop options and backend override."""
 
     name: str  # the registered method that builds it
-    head: str = "full"  # the target's head: full, csv:screen or csv:cluster
+    head: str = "full"  # the target's head: full, csv:screen, csv:screen4 or csv:cluster
     drafter: DrafterSpec | None = None
     gamma: int = 4  # tokens drafted per target forward (the starting value when adaptive)
     adaptive: bool = False
@@ -46,7 +48,7 @@ class MethodSpec:
 
     @property
     def bound(self) -> str:
-        """The certified head's bound family: screen or cluster."""
+        """The certified head's bound family: screen, screen4 or cluster."""
         return self.head.removeprefix("csv:") if self.certified else "screen"
 
     @property

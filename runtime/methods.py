@@ -42,9 +42,9 @@ def parse_method(text: str) -> MethodSpec:
     base, plus, suffix = text.partition("+")
     head = None
     if plus:
-        head = {"csv": "csv:screen", "csv:screen": "csv:screen", "csv:cluster": "csv:cluster"}.get(suffix)
+        head = {"csv": "csv:screen", **{h: h for h in HEADS if h != "full"}}.get(suffix)
         if head is None:
-            raise ValueError(f"unknown suffix +{suffix} in {text!r}; use +csv (screen bound) or +csv:cluster")
+            raise ValueError(f"unknown suffix +{suffix} in {text!r}; use +csv (screen bound), +csv:screen4 or +csv:cluster")
     name, *args = base.split(":")
     if name not in METHODS:
         raise ValueError(f"unknown method {text!r}; known: {', '.join(METHODS)} (e.g. ar,csv:screen,spec:ngram)")
@@ -97,7 +97,7 @@ def _csv(args: list[str], head: str | None) -> MethodSpec:
     _refuse_csv_suffix("csv", head)
     bound = args[0] if args else "screen"
     if len(args) > 1 or f"csv:{bound}" not in HEADS:
-        raise ValueError(f"method 'csv' takes one bound: csv:screen or csv:cluster, not csv:{':'.join(args)}")
+        raise ValueError(f"method 'csv' takes one bound: csv:screen, csv:screen4 or csv:cluster, not csv:{':'.join(args)}")
     return MethodSpec("csv", head=f"csv:{bound}")
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from artifacts import Artifact
 from artifacts.format import Stage
-from runtime.heads import CertifiedHead, ClusterBound, FullHead, ScreenBound
+from runtime.heads import BOUNDS, CertifiedHead, ClusterBound, FullHead, ScreenBound
+from runtime.heads.screen4_bound import Screen4Bound
 from runtime.backends import TargetModel, load_target, reload_target
 from runtime.models import LoadedModel, ModelError
 
-BOUNDS = ("screen", "cluster")
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Session:
     model: LoadedModel
     target: TargetModel
     _screen_bound: ScreenBound | None = field(default=None, repr=False)
+    _screen4_bound: Screen4Bound | None = field(default=None, repr=False)
     _other_targets: dict = field(default_factory=dict, repr=False)  # backend name -> TargetModel
 
     @property
@@ -49,10 +50,15 @@ class Session:
     def certified_head(
         self, bound: str = "screen", max_open_fraction: float = 0.25, adaptive_budget: bool = False
     ) -> CertifiedHead:
-        """CertifiedHead over the artifact's `screen` or `clusters` stage."""
+        """CertifiedHead over the artifact's `screen`, `screen4` or `clusters` stage."""
         weight, bias = self.target.head_weight, self.target.head_bias
         if bound == "screen":
             family = self.screen_bound()
+        elif bound == "screen4":
+            if self._screen4_bound is None:
+                wide = self.screen_bound() if self.artifact.has_stage(Stage.SCREEN) else None
+                self._screen4_bound = Screen4Bound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN4), wide)
+            family = self._screen4_bound
         elif bound == "cluster":
             tensors = self.artifact.read_stage(Stage.CLUSTERS)
             family = ClusterBound(weight, bias, tensors, max_open_fraction=max_open_fraction, adaptive_budget=adaptive_budget)

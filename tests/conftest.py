@@ -133,12 +133,14 @@ def session_over(loaded, artifact):
 
 @pytest.fixture(scope="session")
 def gemma_artifact(real_gemma, tmp_path_factory):
-    """A gemma3-270m artifact with both head stages, built once with the prep.stages functions."""
+    """A gemma3-270m artifact with the three head stages, built once with the prep.stages functions
+    (the 4-bit screen's basis from 8 calibration texts: the bound is sound whatever the basis)."""
     from prep import stages
 
     source = head_source(real_gemma, tmp_path_factory, "gemma-art")
     stages.write_clusters(source, REAL_CLUSTERS, REAL_ITERATIONS, top_m=3, seed=0, force=False)
     stages.write_screen(source, group_size=None, force=False)
+    stages.write_screen4(source, rank=32, group=32, texts=8, force=False)
     return Artifact.open(source.artifact.path)
 
 

@@ -133,6 +133,33 @@ def test_generate_cluster_bound_matches_ar(artifact: Path):
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
+def test_prep_screen4_adds_its_stage_and_csv_screen4_prints_what_ar_prints(tiny_model_dir: Path, artifact_copy: Path):
+    result = invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--texts", 2])
+    assert result.exit_code == 0, result.output
+    assert "stage screen4 written" in result.output
+    manifest = json.loads((artifact_copy / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"clusters", "screen", "screen4"}
+    assert manifest["stages"]["screen4"]["params"]["rank"] == 16 and manifest["stages"]["screen4"]["params"]["group_size"] == 64
+    outputs = {}
+    for method in ("ar", "csv:screen4", "spec:ngram+csv:screen4"):
+        run = invoke(runtime_main, ["generate", artifact_copy, "--method", method, "--prompt", "hi w5 w9", "--max-new-tokens", 6])
+        assert run.exit_code == 0, run.output
+        outputs[method] = run.stdout
+    assert outputs["ar"].strip() and outputs["csv:screen4"] == outputs["ar"] == outputs["spec:ngram+csv:screen4"]
+
+
+def test_csv_screen4_without_its_stage_names_the_prep_command(artifact: Path):
+    result = invoke(runtime_main, ["generate", artifact, "--method", "csv:screen4", "--prompt", "hi", "--max-new-tokens", 2])
+    assert_clean_error(result, "screen4", "prep screen4")
+
+
+def test_prep_screen4_refuses_a_group_it_cannot_take(tiny_model_dir: Path, artifact_copy: Path):
+    before = snapshot(artifact_copy)
+    result = invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--group", 48])
+    assert_clean_error(result, "--group must be one of 32, 64")
+    assert snapshot(artifact_copy) == before
+
+
 def write_prompts(path: Path, items) -> Path:
     path.write_text(json.dumps(items))
     return path

@@ -209,6 +209,8 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
                                     hidden="final", clusters=16, width=16, max_steps=3, batch_size=64, loss="multilabel")))
     art, traces = tmp_path / "art", tmp_path / "traces"
     invoke(["all", tiny_model_dir, "-o", art, "--with-router", "--traces", traces])
-    params = RouterStage.load(open_session(art, progress=False).artifact).params
+    session = open_session(art, progress=False)
+    assert {"clusters", "screen", "screen4", "router"} <= set(session.artifact.stages)  # the recipe's head stages too
+    params = RouterStage.load(session.artifact).params
     assert params["loss"] == "multilabel" and params["hidden"] == "final" and params["steps"] == 3
     assert 1400 <= sum(e["tokens"] for e in json.loads((traces / INDEX_FILE).read_text())["shards"]) <= 1500

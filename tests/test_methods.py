@@ -46,7 +46,7 @@ def test_every_registration_has_an_example_that_round_trips():
 
 @pytest.mark.parametrize("name, fragment", [
     ("spec:ngram:gamma=abc", "gamma takes an integer in 1..8"), ("spec:ngram:gamma=9", "1..8"),
-    ("warp", "unknown method"), ("csv:fast", "csv:screen or csv:cluster"), ("spec", "spec needs a drafter"),
+    ("warp", "unknown method"), ("csv:fast", "csv:screen, csv:screen4 or csv:cluster"), ("spec", "spec needs a drafter"),
     ("spec:draft-model", "unknown drafter"), ("spec:ngram:no-verifier", "gp, int8"), ("ar+csv", "+csv applies"),
     ("spec:ngram+fast", "use +csv"), ("spec:layers:x", "layers:N"), ("dynaspec:int8:k=0", "k=8"),
     ("dynaspec:int8:schedule=z", "fixed or position"), ("frspec:int8", "TOKENS"), ("spec:gp:16:foo", "gp:RANK"),

@@ -12,6 +12,7 @@ from prep import stages
 from prep.cli import clean_errors, main
 from prep.recipes import load_recipe, overridden
 from prep.screen import check_group_size
+from prep.screen4 import check_screen4_shape
 from runtime.models import DEFAULT_MODEL, resolve_model
 
 
@@ -66,6 +67,32 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
     click.echo(f"{path}: stages {', '.join(todo) or 'none'} written, {', '.join(sorted(set(requested) - set(todo))) or 'none'} kept")
 
 
+@main.command("screen4")
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("-o", "--out", required=True, help="Artifact directory to create or add to.")
+@click.option("--rank", type=int, default=None, help="Hidden-state basis directions whose error share is stored (default: the recipe's).")
+@click.option("--group", type=int, default=None, help="Columns per scale and minimum, 32 or 64 (default: the recipe's).")
+@click.option("--texts", type=int, default=None, help="ShareGPT train-split conversations for the basis (default: the recipe's).")
+@click.option("--force", is_flag=True, help="Overwrite the stage if it exists.")
+@clean_errors
+def screen4(model: str, out: str, rank, group, texts, force: bool) -> None:
+    """Build the `screen4` stage: a 4-bit screening head with a low-rank correction (`+csv:screen4`).
+
+    \b
+    prep screen4 gemma3-270m -o art/g270
+    """
+    cfg = overridden(load_recipe(model).screen4, rank=rank, group=group, texts=texts)
+    if cfg.texts < 1:
+        raise click.BadParameter("--texts must be at least 1")
+    with stages.output_artifact(out, force) as path:
+        todo = stages.plan(stages.existing(path, model), {Stage.SCREEN4: stages.screen4_request(cfg.rank, cfg.group)}, force)
+        if todo:
+            source = stages.open_for_writing(model, path, force)
+            check_screen4_shape(source.artifact.model.hidden_size, cfg.rank, cfg.group)
+            stages.write_screen4(source, cfg.rank, cfg.group, cfg.texts, force)
+    click.echo(f"{path}: stage screen4 {'written' if todo else 'kept'}")
+
+
 @main.command("all")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
@@ -82,10 +109,11 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
     prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
     """
     recipe = load_recipe(model)
-    cfg = recipe.cluster
+    cfg, low_bit = recipe.cluster, recipe.screen4
     group = parse_group_size(recipe.screen.group_size)
     requested = {Stage.CLUSTERS: stages.cluster_request(cfg.clusters, cfg.iterations, cfg.top_m_bias, 0),
-                 Stage.SCREEN: stages.screen_request(group)}
+                 Stage.SCREEN: stages.screen_request(group),
+                 Stage.SCREEN4: stages.screen4_request(low_bit.rank, low_bit.group)}
     if with_router:
         requested[Stage.ROUTER] = {}
     with stages.output_artifact(out, force) as path:
@@ -98,6 +126,13 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
             stages.write_clusters(source, cfg.clusters, cfg.iterations, cfg.top_m_bias, 0, force)
         if Stage.SCREEN in todo:
             stages.write_screen(source, group, force)
+        if Stage.SCREEN4 in todo:
+            try:
+                check_screen4_shape(source.artifact.model.hidden_size, low_bit.rank, low_bit.group)
+            except ValueError as e:
+                click.echo(f"screen4: skipped ({e})", err=True)
+            else:
+                stages.write_screen4(source, low_bit.rank, low_bit.group, low_bit.texts, force)
         if Stage.ROUTER in todo:
             from prep.router_train import router_from_recipe
 

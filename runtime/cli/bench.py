@@ -10,6 +10,7 @@ import torch
 
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.method_spec import BOUNDS
 from runtime.methods import methods_help
 
 
@@ -141,7 +142,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, backend
 @click.argument("artifact", type=click.Path())
 @click.option("--head", "head_kind", type=click.Choice(["full", "csv"]), default="full", show_default=True,
               help="Head the greedy verifier selects with on the n rows (csv: certified, bound from --bound).")
-@click.option("--bound", type=click.Choice(["screen", "cluster"]), default="screen", show_default=True)
+@click.option("--bound", type=click.Choice(BOUNDS), default="screen", show_default=True)
 @click.option("--prompts", "prompt_source", type=values.PromptSource(), default="humaneval", show_default=True,
               help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
 @click.option("--context", type=values.COUNT, default=180, show_default=True,

@@ -9,6 +9,7 @@ import click
 import torch
 
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.method_spec import BOUNDS
 from runtime.methods import MAX_GAMMA, MethodSpec, canonical, methods_help, parse_method
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
@@ -36,7 +37,7 @@ def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier,
 @main.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--method", default="csv", show_default=True, help=f"Method name. {methods_help()}")
-@click.option("--bound", type=click.Choice(["screen", "cluster"]), default=None,
+@click.option("--bound", type=click.Choice(BOUNDS), default=None,
               help="Alias: --method csv --bound cluster = csv:cluster; with --target-head csv, its bound (default screen).")
 @click.option("--cluster-budget", type=values.Number(0, 1, low_open=True), default=0.25, show_default=True,
               help="csv:cluster: largest fraction of the vocabulary to open before falling back.")

@@ -5,4 +5,6 @@ from runtime.heads.cluster_bound import ClusterBound
 from runtime.heads.full import FullHead
 from runtime.heads.screen_bound import ScreenBound
 
-__all__ = ["CertifiedHead", "ClusterBound", "FullHead", "ScreenBound"]
+BOUNDS = ("screen", "screen4", "cluster")  # the certified head's bound families (csv:BOUND)
+
+__all__ = ["BOUNDS", "CertifiedHead", "ClusterBound", "FullHead", "ScreenBound"]

@@ -40,12 +40,15 @@ def screen_coefficients(
 
 @dataclass
 class ScreenState:
-    """Approximate logits and radii for one batch of hidden states."""
+    """Approximate logits for one batch of hidden states, and what their radii are made of:
+    radius_i = coefficients_i |h| + remainder_coefficients_i remainder_norm (+ slack)."""
 
     hidden: torch.Tensor  # [B, d]
     center: torch.Tensor  # [B, V] screening logits (bias included)
     hidden_norm: torch.Tensor  # [B] float64 |h|, rounded up
-    remainder_norm: torch.Tensor | None  # [B] float64 |r| of the int16 split, None with float32 activations
+    remainder_norm: torch.Tensor | None  # [B] float64 |r| of the int16 split (screen4: see there), None with float32 activations
+    coefficients: torch.Tensor  # [V] float32, the screen's factor of |h|
+    remainder_coefficients: torch.Tensor  # [V] float32, its factor of remainder_norm
 
 
 class ScreenBound:
@@ -68,6 +71,7 @@ class ScreenBound:
         self.scales = scales.float().contiguous()  # [V, G]
         self.coefficients = coefficients.float()  # [V]
         self.qrow_norms = qrow_norms.float().contiguous()  # [V] |Q(W_i)|, rounded up
+        self.remainder_coefficients = self.qrow_norms  # [V] the factor of the state's remainder_norm in the radius
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
@@ -86,13 +90,14 @@ class ScreenBound:
         if self.bias is not None:
             center = center + self.bias
         hnorm = hidden.double().norm(dim=1) * (1 + 1e-12)  # [B]; float32 rounding is in _SLACK
-        return ScreenState(hidden, center, hnorm, remainder)
+        return ScreenState(hidden, center, hnorm, remainder, self.coefficients, self.remainder_coefficients)
 
     def _remainder_term(self, state: ScreenState, row: int) -> tuple[torch.Tensor | None, float]:
-        """(|Q(W_i)| [V], |r|) of one row's int16 split, or (None, 0) with float32 activations."""
+        """(coefficients [V], norm) of one row's remainder term (the int16 split: |Q(W_i)| and |r|), or
+        (None, 0) with float32 activations."""
         if state.remainder_norm is None:
             return None, 0.0
-        return self.qrow_norms, float(state.remainder_norm[row])
+        return state.remainder_coefficients, float(state.remainder_norm[row])
 
     def open_topk(
         self, state: ScreenState, row: int, k: int, temperature: float, noise: torch.Tensor | None
@@ -100,7 +105,7 @@ class ScreenBound:
         """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise."""
         qrow_norms, remainder = self._remainder_term(state, row)
         ids = screen_select(
-            state.center[row], self.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k,
+            state.center[row], state.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k,
             qrow_norms, remainder,
         )
         return Opened(ids, exact_logits(self.weight, self.bias, state.hidden[row], ids), certified=True)
@@ -109,7 +114,7 @@ class ScreenBound:
         """Sound bound [V] on |exact logit - screening logit| for one row."""
         qrow_norms, remainder = self._remainder_term(state, row)
         hidden_norm = float(state.hidden_norm[row])
-        return screen_radius(state.center[row], self.coefficients, hidden_norm, _SLACK, qrow_norms, remainder)
+        return screen_radius(state.center[row], state.coefficients, hidden_norm, _SLACK, qrow_norms, remainder)
 
     def required_open(self, state: ScreenState, row: int, logits: torch.Tensor, k: int) -> None:
         """Not tracked: the screening bound always certifies (it has no budget to exceed)."""

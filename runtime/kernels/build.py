@@ -30,8 +30,8 @@ PATHS = ("avx512vbmi", "avx512", "avx2", "portable")  # best first
 CHOICES = (*PATHS, "torch")
 _HERE = Path(__file__).parent
 _SOURCES = {
-    "avx512vbmi": ("module_avx512.cpp", "screen_avx512.cpp"),
-    "avx512": ("module_avx512.cpp", "screen_avx512.cpp"),
+    "avx512vbmi": ("module_avx512.cpp", "screen_avx512.cpp", "screen4_avx512.cpp"),
+    "avx512": ("module_avx512.cpp", "screen_avx512.cpp", "screen4_avx512.cpp"),
     "avx2": ("module_avx2.cpp",),
     "portable": ("module_portable.cpp",),
 }

@@ -1,0 +1,95 @@
+"""The 4-bit screening bound: a 4-bit copy of the head, a low-rank correction, and a sound radius.
+
+Stage `screen4` (prep.screen4) holds Q_i (4-bit codes, float16 scale and minimum per group of 32), a
+basis U [d, k] of the hidden states and P^_i ~ U^T (W_i - Q_i) (int8, a float32 scale per row). For
+a hidden row h with coordinates c = fl(U^T h), the kernel (runtime.kernels.screen4_gemv) splits
+h = 2^e a + r_s (a int16) and computes y_i ~ <Q_i, 2^e a> + <P^_i, c_eff>. With r_U = h - U c_eff:
+
+    <W_i, h> = <Q_i, 2^e a> + <Q_i, r_s> + <P_i, c_eff> + <W_i - Q_i, r_U>      (exactly)
+
+so, with E_i = W_i - Q_i and the float32 roundings bounded in gamma terms,
+
+    |fl(<W_i, h>) - y_i| <= |E_i| |r_U| + |Q_i| |r_s| + |P_i - P^_i| |c_eff|
+                            + gamma_{d+2} |W_i| |h| + gamma_m ((|D_i| + |M_i|)(|h| + |r_s|) + |P^_i| |c_eff|)
+
+(D_i: the scaled codes, M_i: the minimums over all d columns, m = G + k + 16 roundings per lane).
+U need not be orthonormal for this; a good U only makes |r_U| small (~0.6 |h| at k = 32 on the
+packaged models, while the correction moves the centre by most of <E_i, h>). Two terms reach the
+selection kernel: |c_eff| <= g |h| folds into the |h| term (g = |U|_2 + gamma_d |U|_F), and
+|Q_i| |r_s| into |E_i| |r_U| through kappa: the remainder coefficient max(|E_i|, (|Q_i| + rho_i) /
+kappa) times |r_U| + kappa |r_s| is at least both (|r_s| is ~1e-4 |h|).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.numerics import dot_rounding_gamma, round_up_to_float32
+from runtime.heads.screen_bound import ScreenBound, ScreenState
+from runtime.kernels import kernel_name, screen4_gemv
+
+KAPPA = 64.0
+# Batches of more hidden rows go to the int8 screen when there is one: both kernels spend the same
+# integer dot products per hidden row, the 4-bit one a float scaling per group more, so the 4-bit
+# screen's saving in bytes pays for one or two rows and not for more (qwen2.5-coder, Xeon without AMX,
+# 1 thread, ms for 1 / 2 / 4 rows: 5.5 / 6.9 / 12.6 against the int8 screen's 9.0 / 9.3 / 10.6).
+MAX_ROWS = 2
+_FLOAT64_SLACK = 1e-12  # relative: float64 norms and sums over <= 8192 terms
+
+
+class Screen4Bound(ScreenBound):
+    """Per-token intervals from the 4-bit screen; candidates are recomputed exactly (ScreenBound's selection)."""
+
+    name = "screen4"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, wide: ScreenBound | None = None) -> None:
+        self.wide = wide  # the int8 screen, for batches of more than MAX_ROWS rows (None: none)
+        self.weight = weight  # [V, d] the exact head (float32 or a QuantMatrix)
+        self.bias = bias  # [V] or None
+        self.codes = tensors["codes"].contiguous()  # [V, d/2] uint8
+        self.scales = tensors["scales"].contiguous()  # [V, G] float16
+        self.mins = tensors["mins"].contiguous()  # [V, G] float16
+        self.corr = tensors["corr"].contiguous()  # [V, k] int8
+        self.corr_scale = tensors["corr_scale"].float().contiguous()  # [V]
+        self.basis = tensors["basis"].float().contiguous()  # [d, k]
+        self.basis64 = self.basis.double()
+        d, k = self.basis.shape
+        groups = d // 32
+        basis_frobenius = float(self.basis64.norm())
+        coord_gain = (float(torch.linalg.matrix_norm(self.basis64, 2)) + dot_rounding_gamma(d) * basis_frobenius) * (1 + 1e-9)
+        gamma_screen = dot_rounding_gamma(groups + k + 14)  # gamma_{G + k + 16}
+        norm = {name: tensors[name].double() for name in
+                ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms", "corr_norms", "corr_error_norms")}
+        rho = gamma_screen * (norm["code_norms"] + norm["min_norms"])  # [V]
+        hidden_coef = (dot_rounding_gamma(d) * norm["row_norms"] + rho
+                       + (norm["corr_error_norms"] + gamma_screen * norm["corr_norms"]) * coord_gain)
+        self.coefficients = round_up_to_float32(hidden_coef * (1 + _FLOAT64_SLACK))  # [V] times |h|
+        self.remainder_coefficients = round_up_to_float32(
+            torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + _FLOAT64_SLACK))  # [V]
+        self.basis_frobenius = basis_frobenius
+        kernel_name()  # build / load the kernel now, not inside the first timed decode step
+
+    @classmethod
+    def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, wide: ScreenBound | None = None) -> "Screen4Bound":
+        """Build from the tensors of an artifact's `screen4` stage (and its int8 screen for wide batches)."""
+        return cls(weight, bias, tensors, wide)
+
+    def prepare(self, hidden: torch.Tensor) -> ScreenState:
+        """Screen a batch of hidden states [B, d]: centres, |h| and the remainder |r_U| + kappa |r_s|
+        (batches of more than MAX_ROWS rows through the int8 screen, when there is one)."""
+        if self.wide is not None and hidden.shape[0] > MAX_ROWS:
+            return self.wide.prepare(hidden)
+        hidden = hidden.float()
+        coords = hidden @ self.basis  # [B, k]
+        center, split_remainder, coords_used = screen4_gemv(
+            self.codes, self.scales, self.mins, self.corr, self.corr_scale, hidden, coords)  # [B, V], [B], [B, k]
+        if self.bias is not None:
+            center = center + self.bias
+        h64, c64 = hidden.double(), coords_used.double()
+        hidden_norm = h64.norm(dim=1)  # [B]
+        residual = (h64 - c64 @ self.basis64.T).norm(dim=1)  # [B] |r_U|
+        # float64 rounding of r_U: per element <= gamma64_{k+1} (|h_j| + sum_k |U_jk c_k|)
+        residual = residual * (1 + _FLOAT64_SLACK) + _FLOAT64_SLACK * (hidden_norm + self.basis_frobenius * c64.norm(dim=1))
+        remainder = residual + KAPPA * split_remainder
+        return ScreenState(hidden, center, hidden_norm * (1 + _FLOAT64_SLACK), remainder, self.coefficients,
+                           self.remainder_coefficients)
