@@ -142,6 +142,9 @@ SCREEN = declare(StageSchema(
     params=("scheme", "group_size", "per_row"),
 ))
 
+# Per-row norms of the `screen4` stage (prep.screen4 writes them, runtime.heads.screen4_bound reads them).
+SCREEN4_ROW_NORMS = ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms", "corr_norms", "corr_error_norms")
+
 SCREEN4 = declare(StageSchema(
     Stage.SCREEN4,
     tensors={
@@ -151,8 +154,7 @@ SCREEN4 = declare(StageSchema(
         "corr": T("int8", "V", "k"),
         "corr_scale": T("float32", "V"),
         "basis": T("float32", "d", "k"),
-        **{name: T("float32", "V") for name in ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms",
-                                                 "corr_norms", "corr_error_norms")},
+        **{name: T("float32", "V") for name in SCREEN4_ROW_NORMS},
     },
     params=("bits", "group_size", "rank", "calibration_positions"),
 ))

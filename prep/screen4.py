@@ -1,7 +1,7 @@
 """Stage `screen4`: a 4-bit copy of the LM head with a low-rank correction of its error, and per-row bounds.
 
-Row i becomes Q_i = d_g q + m_g per group g of 32 columns (q in 0..15; d and m float16, like ggml's
-Q4_1), ~0.63 bytes per weight against the int8 screen's 1. Alone, its sound radius |W_i - Q_i| |h|
+Row i becomes Q_i = d_g q + m_g per group g of 32 or 64 columns (q in 0..15; d and m float16, like
+ggml's Q4_1), 0.63 or 0.56 bytes per weight against the int8 screen's 1. Alone, its sound radius |W_i - Q_i| |h|
 leaves a quarter of gemma3-270m's vocabulary to recompute. The correction takes most of that back:
 final hidden states concentrate in a few directions, so with U [d, k], the top-k right singular
 vectors of calibration hidden states (ShareGPT conversations of the train split), the error's
@@ -20,19 +20,17 @@ from tqdm import tqdm
 
 from prep.traces import corpus_texts
 from runtime.data import split_of
-from runtime.numerics import round_up_to_float32
+from artifacts.schema import SCREEN4_ROW_NORMS
+from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
 
+# Rank, group and calibration texts come from the recipe's [screen4] section (prep.recipes), with the measurements.
 GROUPS = (32, 64)  # columns per scale and minimum
-DEFAULT_GROUP = 64  # qwen2.5-coder, 1 thread: 5.5 ms a row against 6.0 at 32 (one float scaling per 64 columns, 0.56 bytes per weight)
-DEFAULT_RANK = 32  # qwen2.5-coder, held-out ShareGPT: 9.4 % of the vocabulary recomputed at rank 0, 1.9 % at 16, 1.3 % at 32
-CALIBRATION_TEXTS = 48
 CALIBRATION_TOKENS = 256
 _CHUNK = 16384
-_FLOAT64_SLACK = 1e-12  # relative: float64 norms and dot products over d <= 8192 terms
 _FLOAT16_MAX = 65504.0
 
 
-def check_screen4_shape(d: int, rank: int, group: int = DEFAULT_GROUP) -> None:
+def check_screen4_shape(d: int, rank: int, group: int) -> None:
     """Refuse a hidden size, rank or group the 4-bit screen kernel cannot take (before anything is built)."""
     if group not in GROUPS:
         raise ValueError(f"--group must be one of {', '.join(map(str, GROUPS))}, got {group}")
@@ -43,7 +41,7 @@ def check_screen4_shape(d: int, rank: int, group: int = DEFAULT_GROUP) -> None:
 
 
 @torch.inference_mode()
-def calibration_hidden(target, tokenizer, texts: int = CALIBRATION_TEXTS, tokens: int = CALIBRATION_TOKENS,
+def calibration_hidden(target, tokenizer, texts: int, tokens: int = CALIBRATION_TOKENS,
                        progress: bool = False) -> torch.Tensor:
     """Final-normed hidden states [N, d] float64 of the first `texts` ShareGPT train-split conversations."""
     chosen = (text for index, text in enumerate(corpus_texts("sharegpt", tokenizer)) if text and split_of("sharegpt", index) == "train")
@@ -59,7 +57,7 @@ def hidden_basis(hidden: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.linalg.svd(hidden.double(), full_matrices=False).Vh[:rank].T.float().contiguous()
 
 
-def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int = DEFAULT_GROUP, progress: bool = False) -> dict[str, torch.Tensor]:
+def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int, progress: bool = False) -> dict[str, torch.Tensor]:
     """The `screen4` tensors for head rows weight [V, d] and basis U [d, k].
 
     codes [V, d/2] uint8 (byte j of group g: q[g n + j] | q[g n + n/2 + j] << 4 for groups of n columns, ggml's
@@ -79,8 +77,7 @@ def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int = DEFAUL
     out = {"codes": torch.empty(V, d // 2, dtype=torch.uint8), "scales": torch.empty(V, G, dtype=torch.float16),
            "mins": torch.empty(V, G, dtype=torch.float16), "corr": torch.empty(V, k, dtype=torch.int8),
            "corr_scale": torch.empty(V, dtype=torch.float32)}
-    norms = {name: torch.empty(V, dtype=torch.float32) for name in
-             ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms", "corr_norms", "corr_error_norms")}
+    norms = {name: torch.empty(V, dtype=torch.float32) for name in SCREEN4_ROW_NORMS}
     for start in tqdm(range(0, V, _CHUNK), desc="4-bit screen", disable=not progress, unit="chunk"):
         rows = slice(start, start + _CHUNK)
         exact = weight[rows].double()  # [c, d]
@@ -98,7 +95,7 @@ def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int = DEFAUL
         corr = torch.round(projected / safe_scale).clamp(-127, 127)
         stored = corr * corr_scale.double()[:, None]  # [c, k]
         # |P - fl64(U^T E)| <= gamma64_d |U|_F |E|: float64 dot products of d terms
-        projection_rounding = d * 2.0**-53 / (1 - d * 2.0**-53) * basis_frobenius * error.norm(dim=1)
+        projection_rounding = dot_rounding_gamma(d, 2.0**-53) * basis_frobenius * error.norm(dim=1)
         q8 = q.to(torch.uint8)
         out["codes"][rows] = (q8[..., : group // 2] | (q8[..., group // 2 :] << 4)).view(-1, d // 2)
         out["scales"][rows], out["mins"][rows] = scale16, min16
@@ -108,12 +105,11 @@ def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int = DEFAUL
                  "corr_norms": stored.norm(dim=1),
                  "corr_error_norms": (projected - stored).norm(dim=1) + projection_rounding}
         for name, value in found.items():
-            norms[name][rows] = round_up_to_float32(value * (1 + _FLOAT64_SLACK))
+            norms[name][rows] = round_up_to_float32(value * (1 + FLOAT64_SLACK))
     return {**out, "basis": basis.float().contiguous(), **norms}
 
 
-def build_screen4(weight: torch.Tensor, hidden: torch.Tensor, rank: int = DEFAULT_RANK, group: int = DEFAULT_GROUP,
-                  progress: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+def build_screen4(weight: torch.Tensor, hidden: torch.Tensor, rank: int, group: int, progress: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """Stage `screen4` from the head [V, d] and calibration hidden states [N, d]: (tensors, params)."""
     check_screen4_shape(weight.shape[1], rank, group)
     tensors = quantize_int4(weight, hidden_basis(hidden, rank), group, progress)

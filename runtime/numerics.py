@@ -29,9 +29,14 @@ def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return q.to(torch.int8).contiguous(), scales[:, 0].contiguous()
 
 
-def dot_rounding_gamma(d: int) -> float:
-    """Higham's gamma_n for a float32 dot product of length d (n = d + 2 covers the scale multiply)."""
-    nu = (d + 2) * 2.0**-24
+# Relative slack on a norm or sum computed in float64 over d <= 8192 terms (d 2^-53 < 1e-12).
+FLOAT64_SLACK = 1e-12
+
+
+def dot_rounding_gamma(d: int, unit_roundoff: float = 2.0**-24) -> float:
+    """Higham's gamma_n for a dot product of length d (n = d + 2 covers the scale multiply); float32 unless
+    unit_roundoff says otherwise (2^-53: float64)."""
+    nu = (d + 2) * unit_roundoff
     return nu / (1 - nu)
 
 

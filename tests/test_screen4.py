@@ -62,13 +62,13 @@ def test_stage_codes_and_norms_are_what_the_bound_needs(group: int):
 
 def test_shapes_the_kernel_cannot_take_are_refused_naming_the_fix():
     with pytest.raises(ValueError, match="divisible by 64.*int8 screen"):
-        check_screen4_shape(96, 16)
+        check_screen4_shape(96, 16, 64)
     with pytest.raises(ValueError, match="multiple of 16"):
-        check_screen4_shape(128, 20)
+        check_screen4_shape(128, 20, 64)
     with pytest.raises(ValueError, match="--group must be one of 32, 64"):
         check_screen4_shape(128, 16, 48)
     with pytest.raises(ValueError, match="float16 range"):
-        quantize_int4(torch.full((4, 64), 1e5), torch.eye(64)[:, :16])
+        quantize_int4(torch.full((4, 64), 1e5), torch.eye(64)[:, :16], 64)
 
 
 def avx512_module():
@@ -148,7 +148,7 @@ def test_the_correction_tightens_the_radius_on_calibration_like_rows():
 def test_wide_batches_go_to_the_int8_screen_and_stay_sound():
     head = make_tiny_head(vocab=VOCAB, dim=DIM, seed=6)
     wide = screen_bound(head, 0)
-    bound = Screen4Bound(head.weight, None, quantize_int4(head.weight, hidden_basis(calibration(DIM).double(), 16)), wide)
+    bound = Screen4Bound(head.weight, None, quantize_int4(head.weight, hidden_basis(calibration(DIM).double(), 16), 64), wide)
     hidden = calibration(DIM, seed=8)[: MAX_ROWS + 2]
     narrow_state, wide_state = bound.prepare(hidden[:MAX_ROWS]), bound.prepare(hidden)
     assert wide_state.coefficients is wide.coefficients and narrow_state.coefficients is bound.coefficients

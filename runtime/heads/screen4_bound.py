@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.numerics import dot_rounding_gamma, round_up_to_float32
+from artifacts.schema import SCREEN4_ROW_NORMS
+from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
 from runtime.heads.screen_bound import ScreenBound, ScreenState
 from runtime.kernels import kernel_name, screen4_gemv
 
@@ -34,7 +35,6 @@ KAPPA = 64.0
 # screen's saving in bytes pays for one or two rows and not for more (qwen2.5-coder, Xeon without AMX,
 # 1 thread, ms for 1 / 2 / 4 rows: 5.5 / 6.9 / 12.6 against the int8 screen's 9.0 / 9.3 / 10.6).
 MAX_ROWS = 2
-_FLOAT64_SLACK = 1e-12  # relative: float64 norms and sums over <= 8192 terms
 
 
 class Screen4Bound(ScreenBound):
@@ -54,18 +54,17 @@ class Screen4Bound(ScreenBound):
         self.basis = tensors["basis"].float().contiguous()  # [d, k]
         self.basis64 = self.basis.double()
         d, k = self.basis.shape
-        groups = d // 32
+        groups = d // 32  # at most: groups of 32 or 64 columns
         basis_frobenius = float(self.basis64.norm())
         coord_gain = (float(torch.linalg.matrix_norm(self.basis64, 2)) + dot_rounding_gamma(d) * basis_frobenius) * (1 + 1e-9)
         gamma_screen = dot_rounding_gamma(groups + k + 14)  # gamma_{G + k + 16}
-        norm = {name: tensors[name].double() for name in
-                ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms", "corr_norms", "corr_error_norms")}
+        norm = {name: tensors[name].double() for name in SCREEN4_ROW_NORMS}
         rho = gamma_screen * (norm["code_norms"] + norm["min_norms"])  # [V]
         hidden_coef = (dot_rounding_gamma(d) * norm["row_norms"] + rho
                        + (norm["corr_error_norms"] + gamma_screen * norm["corr_norms"]) * coord_gain)
-        self.coefficients = round_up_to_float32(hidden_coef * (1 + _FLOAT64_SLACK))  # [V] times |h|
+        self.coefficients = round_up_to_float32(hidden_coef * (1 + FLOAT64_SLACK))  # [V] times |h|
         self.remainder_coefficients = round_up_to_float32(
-            torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + _FLOAT64_SLACK))  # [V]
+            torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + FLOAT64_SLACK))  # [V]
         self.basis_frobenius = basis_frobenius
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
@@ -89,7 +88,7 @@ class Screen4Bound(ScreenBound):
         hidden_norm = h64.norm(dim=1)  # [B]
         residual = (h64 - c64 @ self.basis64.T).norm(dim=1)  # [B] |r_U|
         # float64 rounding of r_U: per element <= gamma64_{k+1} (|h_j| + sum_k |U_jk c_k|)
-        residual = residual * (1 + _FLOAT64_SLACK) + _FLOAT64_SLACK * (hidden_norm + self.basis_frobenius * c64.norm(dim=1))
+        residual = residual * (1 + FLOAT64_SLACK) + FLOAT64_SLACK * (hidden_norm + self.basis_frobenius * c64.norm(dim=1))
         remainder = residual + KAPPA * split_remainder
-        return ScreenState(hidden, center, hidden_norm * (1 + _FLOAT64_SLACK), remainder, self.coefficients,
+        return ScreenState(hidden, center, hidden_norm * (1 + FLOAT64_SLACK), remainder, self.coefficients,
                            self.remainder_coefficients)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.numerics import dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
+from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
 
 from runtime.heads.opened import Opened, exact_logits
 from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select
@@ -89,7 +89,7 @@ class ScreenBound:
             center, remainder = screen_gemv(self.qweight, self.scales, hidden), None
         if self.bias is not None:
             center = center + self.bias
-        hnorm = hidden.double().norm(dim=1) * (1 + 1e-12)  # [B]; float32 rounding is in _SLACK
+        hnorm = hidden.double().norm(dim=1) * (1 + FLOAT64_SLACK)  # [B]; float32 rounding is in _SLACK
         return ScreenState(hidden, center, hnorm, remainder, self.coefficients, self.remainder_coefficients)
 
     def _remainder_term(self, state: ScreenState, row: int) -> tuple[torch.Tensor | None, float]:
