@@ -149,7 +149,7 @@ SCREEN4 = declare(StageSchema(
     Stage.SCREEN4,
     tensors={
         "codes": T("uint8", "V", "H"),  # H = d / 2: two 4-bit codes per byte
-        "scales": T("float16", "V", "G"),  # G = d / 32
+        "scales": T("float16", "V", "G"),  # G = d / 32 or d / 64 (the group size)
         "mins": T("float16", "V", "G"),
         "corr": T("int8", "V", "k"),
         "corr_scale": T("float32", "V"),
