@@ -157,7 +157,7 @@ SCREEN4 = declare(StageSchema(
         "basis": T("float32", "d", "k"),
         **{name: T("float32", "V") for name in SCREEN4_ROW_NORMS},
     },
-    params=("layout", "bits", "group_size", "rank", "calibration_positions"),
+    params=("bits", "group_size", "rank", "calibration_positions"),
 ))
 
 ROUTER = declare(StageSchema(

@@ -1,4 +1,4 @@
-"""Stage `screen4`: a 4-bit copy of the LM head, its projection on a basis of hidden states, and per-row bounds.
+"""Stage `screen4`: a 4-bit copy of the LM head with a low-rank correction of its error, and per-row bounds.
 
 Row i becomes Q_i = D_i s_g q + m_g per group g of 32 or 64 columns (q and s in 0..15; D float32, m
 float16), 0.59 or 0.55 bytes per weight against the int8 screen's 1. Alone, its sound radius |W_i - Q_i| |h|
@@ -25,7 +25,6 @@ from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_floa
 
 # Rank, group and calibration texts come from the recipe's [screen4] section (prep.recipes), with the measurements.
 GROUPS = (32, 64)  # columns per scale and minimum
-LAYOUT = 2  # the stage's tensor layout (a stage param): an artifact with another is rebuilt with --force
 CALIBRATION_TOKENS = 256
 _CHUNK = 16384
 _FLOAT16_MAX = 65504.0
@@ -119,6 +118,6 @@ def build_screen4(weight: torch.Tensor, hidden: torch.Tensor, rank: int, group: 
     """Stage `screen4` from the head [V, d] and calibration hidden states [N, d]: (tensors, params)."""
     check_screen4_shape(weight.shape[1], rank, group)
     tensors = quantize_int4(weight, hidden_basis(hidden, rank), group, progress)
-    params = {"layout": LAYOUT, "bits": 4, "group_size": group, "rank": rank, "calibration_positions": int(hidden.shape[0]),
+    params = {"bits": 4, "group_size": group, "rank": rank, "calibration_positions": int(hidden.shape[0]),
               "mean_relative_error": float(tensors["error_norms"].double().mean() / tensors["row_norms"].double().mean())}
     return tensors, params

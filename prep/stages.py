@@ -26,7 +26,7 @@ from artifacts.format import MANIFEST_FILE, Stage
 from artifacts.writing import check_output_dir
 from prep.cluster import build_clusters
 from prep.screen import build_screen
-from prep.screen4 import LAYOUT as SCREEN4_LAYOUT, build_screen4, calibration_hidden
+from prep.screen4 import build_screen4, calibration_hidden
 from runtime.backends.hf import TransformersTarget
 from runtime.models import LoadedModel, load_model
 
@@ -119,7 +119,7 @@ def screen_request(group_size: int | None) -> dict[str, Any]:
 
 def screen4_request(rank: int, group: int) -> dict[str, Any]:
     """The `screen4` params that identify a build."""
-    return {"layout": SCREEN4_LAYOUT, "rank": rank, "group_size": group}
+    return {"rank": rank, "group_size": group}
 
 
 @dataclass
@@ -161,7 +161,7 @@ def write_screen(source: HeadSource, group_size: int | None, force: bool) -> dic
 
 
 def write_screen4(source: HeadSource, rank: int, group: int, texts: int, force: bool) -> dict:
-    """Build and write stage `screen4` (4-bit screen and the head's projection on a basis of calibration hidden states)."""
+    """Build and write stage `screen4` (4-bit screen, low-rank correction from calibration hidden states)."""
     target = TransformersTarget(source.model.model, frozenset())
     hidden = calibration_hidden(target, source.model.tokenizer, texts=texts, progress=True)  # [N, d]
     tensors, params = build_screen4(source.weight, hidden, rank, group, progress=True)

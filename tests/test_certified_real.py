@@ -37,7 +37,7 @@ def screen(gemma_session, head_weights) -> ScreenBound:
 
 @pytest.fixture(scope="module")
 def screen4(gemma_session, head_weights) -> Screen4Bound:
-    """The 4-bit screen: every chunk goes through its kernel."""
+    """The 4-bit screen alone (no int8 screen for wide batches): every chunk goes through its kernel."""
     weight, bias = head_weights
     return Screen4Bound.from_stage(weight, bias, gemma_session.artifact.read_stage(Stage.SCREEN4))
 
@@ -55,7 +55,7 @@ def chunks(hidden: torch.Tensor):
 
 @pytest.mark.parametrize("name", ["screen", "screen4"])
 def test_screen_bounds_contain_every_real_logit(name: str, request, head_weights, gemma_hidden):
-    bound = request.getfixturevalue(name)  # the int8 screen, or the 4-bit one
+    bound = request.getfixturevalue(name)  # the int8 screen, or the 4-bit one alone (every chunk through its kernel)
     weight, bias = head_weights
     worst = 0.0
     for hidden in chunks(gemma_hidden):
@@ -156,7 +156,7 @@ def test_screen_greedy_decoding_is_identical_to_full_greedy(gemma_session, encod
 
 
 def test_screen4_greedy_decoding_is_identical_to_full_greedy(gemma_session, encoded_prompts, full_greedy):
-    head = gemma_session.certified_head("screen4")  # the 4-bit screen for every batch (verify rounds too)
+    head = gemma_session.certified_head("screen4")  # the 4-bit screen, the int8 one for wider batches
     for prompt, expected in zip(encoded_prompts, full_greedy):
         tokens, stats = generate_ar(gemma_session.target, head, prompt, GREEDY_TOKENS)
         assert tokens == expected

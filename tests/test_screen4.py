@@ -10,7 +10,7 @@ import torch
 
 from factories import make_tiny_head
 from prep.screen4 import build_screen4, check_screen4_shape, hidden_basis, quantize_int4
-from runtime.heads.screen4_bound import LIMIT, Screen4Bound, integer_rows
+from runtime.heads.screen4_bound import Screen4Bound, int8_rows
 from runtime.kernels import build, screen4_gemv, screen4_reference, screen4_weight, unpack_int4
 from test_screen_int16 import adversarial_hidden
 
@@ -72,17 +72,15 @@ def test_shapes_the_kernel_cannot_take_are_refused_naming_the_fix():
         quantize_int4(torch.full((4, 64), 1e5), torch.eye(64)[:, :16], 64)
 
 
-def test_integer_rows_round_each_row_to_two_int8_parts_of_a_power_of_two_unit():
+def test_int8_rows_round_each_row_to_a_power_of_two_unit():
     rows = torch.cat([torch.randn(3, DIM, dtype=torch.float64) * torch.tensor([[1e-3], [1.0], [1e4]], dtype=torch.float64),
                       torch.full((1, DIM), float("nan"), dtype=torch.float64), torch.zeros(1, DIM, dtype=torch.float64)])
-    unit, high, low, fits = integer_rows(rows)
+    unit, a, fits = int8_rows(rows)
     assert fits.tolist() == [True, True, True, False, False]
-    assert int(high.abs().max()) <= 127 and -64 <= int(low.min()) and int(low.max()) <= 63
-    a = 128 * high.double() + low.double()
     for row in range(3):
         amax = float(rows[row].abs().max())
-        assert float(unit[row]) == 2.0 ** round(torch.log2(unit[row]).item()) and LIMIT * float(unit[row]) / 2 <= amax < LIMIT * float(unit[row])
-        assert bool(((rows[row] - a[row] * unit[row]).abs() <= unit[row] / 2).all())
+        assert float(unit[row]) == 2.0 ** round(torch.log2(unit[row]).item()) and 127 * float(unit[row]) / 2 <= amax < 127 * float(unit[row])
+        assert bool(((rows[row] - a[row].double() * unit[row]).abs() <= unit[row] / 2).all())
     assert int(a[3:].abs().max()) == 0
 
 
@@ -93,17 +91,16 @@ def test_kernel_is_the_float64_reference():
         weight, t = stage(group)
         hidden = torch.cat([calibration(DIM, seed=7)[:5], adversarial_hidden(DIM)[[0, 1, 2, 3]]])  # [9, d]: several passes of rows
         coords = hidden @ t["basis"]
-        unit, high, low, fits = integer_rows(hidden.double() - coords.double() @ t["basis"].double().T)
-        high[0, :], low[0, :] = 127, 63  # the largest products the integer lanes take
-        high[1, :], low[1, :] = -127, -64
-        a = 128 * high.double() + low.double()
-        parts = (t["codes"], t["multiples"], t["row_step"], t["mins"], t["projection"], high, low, unit.float(), coords)
+        unit, a, fits = int8_rows(hidden.double() - coords.double() @ t["basis"].double().T)
+        a[0, :] = 127  # the largest products the integer lanes take
+        a[1, :] = -127
+        parts = (t["codes"], t["multiples"], t["row_step"], t["mins"], t["projection"], a, unit.float(), coords)
         for module in (build.module(path) for path in ("avx512", "avx512vbmi") if not build.missing_cpu_flags(path)):
             center = module.screen4_gemv(*parts)
             quantized = dequantize4(t)
             for row in range(hidden.shape[0]):
-                expected = quantized @ a[row] * float(unit[row]) + t["projection"].double() @ coords[row].double()  # [V]
-                scale = quantized.abs() @ a[row].abs() * float(unit[row]) + t["projection"].double().abs() @ coords[row].double().abs()
+                expected = quantized @ a[row].double() * float(unit[row]) + t["projection"].double() @ coords[row].double()  # [V]
+                scale = quantized.abs() @ a[row].double().abs() * float(unit[row]) + t["projection"].double().abs() @ coords[row].double().abs()
                 assert bool(((center[row].double() - expected).abs() <= 1e-5 * scale + 1e-30).all()), (group, row)
             assert torch.equal(center, screen4_gemv(*parts))  # the dispatcher runs the same kernel
 

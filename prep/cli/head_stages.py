@@ -70,13 +70,13 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
 @main.command("screen4")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("-o", "--out", required=True, help="Artifact directory to create or add to.")
-@click.option("--rank", type=int, default=None, help="Hidden-state basis directions the head's projection is stored for (default: the recipe's).")
-@click.option("--group", type=int, default=None, help="Columns per group step and minimum, 32 or 64 (default: the recipe's).")
+@click.option("--rank", type=int, default=None, help="Hidden-state basis directions whose error share is stored (default: the recipe's).")
+@click.option("--group", type=int, default=None, help="Columns per scale and minimum, 32 or 64 (default: the recipe's).")
 @click.option("--texts", type=int, default=None, help="ShareGPT train-split conversations for the basis (default: the recipe's).")
 @click.option("--force", is_flag=True, help="Overwrite the stage if it exists.")
 @clean_errors
 def screen4(model: str, out: str, rank, group, texts, force: bool) -> None:
-    """Build the `screen4` stage: a 4-bit screening head plus the head's projection on a basis of hidden states (`+csv:screen4`).
+    """Build the `screen4` stage: a 4-bit screening head with a low-rank correction (`+csv:screen4`).
 
     \b
     prep screen4 gemma3-270m -o art/g270

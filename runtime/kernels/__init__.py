@@ -110,21 +110,21 @@ def unpack_int4(codes: torch.Tensor, group: int) -> torch.Tensor:
 
 def screen4_gemv(
     codes: torch.Tensor, multiples: torch.Tensor, row_step: torch.Tensor, mins: torch.Tensor, projection: torch.Tensor,
-    high: torch.Tensor, low: torch.Tensor, unit: torch.Tensor, coords: torch.Tensor,
+    residual: torch.Tensor, unit: torch.Tensor, coords: torch.Tensor,
 ) -> torch.Tensor:
     """The 4-bit screen (runtime.heads.screen4_bound): y [B, V] float32 ~ u_b <Q_i, a_b> + <B_i, c_b>.
 
     codes [V, d/2] uint8, multiples [V, G] uint8 and mins [V, G] float16 (groups of d / G = 32 or 64
     columns), row_step [V] float32 (Q_ij = row_step_i multiples_ig q_ij + mins_ig), projection [V, k]
-    float16 (B_i), high / low [B, d] int8 (a = 128 high + low), unit [B] float32 (u, powers of two),
-    coords [B, k] float32 (c). The integer dots run on AVX512-VNNI (vpdpbusd); elsewhere float64 in torch.
+    float16 (B_i), residual [B, d] int8 (a), unit [B] float32 (u, powers of two), coords [B, k] float32 (c).
+    The integer dots run on AVX512-VNNI (vpdpbusd); elsewhere float64 in torch.
     """
     ext = active()[1]
     d = codes.shape[1] * 2
     unit, coords = unit.float().contiguous(), coords.float().contiguous()
     if ext is None or not hasattr(ext, "screen4_gemv") or "avx512_vnni" not in cpu_flags() or d % 64 or d > INT16_SCREEN_MAX_COLS:
-        return screen4_reference(codes, multiples, row_step, mins, projection, 128 * high.double() + low.double(), unit, coords)
-    return ext.screen4_gemv(codes, multiples, row_step, mins, projection, high, low, unit, coords)
+        return screen4_reference(codes, multiples, row_step, mins, projection, residual, unit, coords)
+    return ext.screen4_gemv(codes, multiples, row_step, mins, projection, residual.contiguous(), unit, coords)
 
 
 def screen4_weight(codes: torch.Tensor, multiples: torch.Tensor, row_step: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -137,15 +137,14 @@ def screen4_weight(codes: torch.Tensor, multiples: torch.Tensor, row_step: torch
 
 def screen4_reference(
     codes: torch.Tensor, multiples: torch.Tensor, row_step: torch.Tensor, mins: torch.Tensor, projection: torch.Tensor,
-    activations: torch.Tensor, unit: torch.Tensor, coords: torch.Tensor,
+    residual: torch.Tensor, unit: torch.Tensor, coords: torch.Tensor,
 ) -> torch.Tensor:
-    """The 4-bit screen in float64 (row chunks), rounded to float32 at the end: [B, V] ~ unit_b <Q_i,
-    activations_b> + <B_i, c_b>. activations [B, d] may be any real rows (the integer rounding, or the
-    float64 residuals of rows it does not take)."""
+    """The 4-bit screen in float64 (row chunks), rounded to float32 at the end: [B, V]. residual may be any
+    real rows here (the bound passes float64 residuals for rows the int8 rounding does not take)."""
     V = codes.shape[0]
-    scaled = activations.double() * unit.double()[:, None]  # [B, d]
+    scaled = residual.double() * unit.double()[:, None]  # [B, d]
     c64 = coords.double()
-    out = torch.empty(activations.shape[0], V, dtype=torch.float32)
+    out = torch.empty(residual.shape[0], V, dtype=torch.float32)
     chunk = 16384
     for start in range(0, V, chunk):
         rows = slice(start, start + chunk)

@@ -11,13 +11,12 @@ std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torc
 torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, torch::Tensor qnorm, double rnorm,
                             double slack, double inv_t, torch::Tensor noise, int64_t k);
 torch::Tensor screen4_gemv(torch::Tensor codes, torch::Tensor multiples, torch::Tensor row_step, torch::Tensor mins,
-                           torch::Tensor projection, torch::Tensor high, torch::Tensor low, torch::Tensor unit,
-                           torch::Tensor coords);  // screen4_avx512.cpp
+                           torch::Tensor projection, torch::Tensor residual, torch::Tensor unit, torch::Tensor coords);  // screen4_avx512.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   SPECVOCAB_DEFINE_GEMM(m);
   m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
   m.def("screen_gemv_int16", &screen_gemv_int16, "the int8 screen against int16-split activations, integer dots");
   m.def("screen_select", &screen_select, "candidate ids of one screened row");
-  m.def("screen4_gemv", &screen4_gemv, "the 4-bit screen against 15-bit residuals in two int8 parts, plus the basis projection (AVX512-VNNI)");
+  m.def("screen4_gemv", &screen4_gemv, "the 4-bit screen against int8 residuals plus the basis projection (AVX512-VNNI)");
 }

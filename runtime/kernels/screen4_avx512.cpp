@@ -4,15 +4,15 @@
 // group's multiple s of the row step D in 0..15, D float32, m float16), plus B_i ~ U^T W_i (float16), the
 // row's projection on a basis U of the hidden states (runtime.heads.screen4_bound says how the bound
 // uses them). A hidden row enters as its basis coordinates c [k] and its residual h - U c rounded to
-// 15-bit integers a = 128 a_hi + a_lo (two int8 parts) times a power of two u:
+// int8 values a times a power of two u:
 //
 //   y_i = u (D_i sum_g s_ig <q_ig, a_g> + sum_g m_ig sum(a_g)) + <B_i, c>
 //
-// The double sum is two exact integer dots per row, one per part: bytes s q (<= 225, made 64 at a
-// time by one byte shuffle through the table of multiples of s) against the part's bytes, four
-// products per int32 lane (vpdpbusd). The rest is float32, whose rounding the caller bounds. Streams
-// ~0.55 (n = 64) or ~0.6 (n = 32) bytes per weight against the int8 screen's 1, and its integer work
-// per hidden row is half the int8 screen's, so several hidden rows cost little more than one.
+// The double sum is one exact integer dot per row: bytes s q (<= 225, made 64 at a time by one byte
+// shuffle through the table of multiples of s) against a, four products per int32 lane (vpdpbusd).
+// The rest is float32, whose rounding the caller bounds. Streams ~0.55 (n = 64) or ~0.6 (n = 32)
+// bytes per weight against the int8 screen's 1, and its integer work per hidden row is a quarter of
+// the int8 screen's, so several hidden rows cost little more than one.
 //
 // Layout: codes [V, d / 2] bytes, group g at bytes g n/2 .. (g + 1) n/2 - 1, byte j = q[g n + j] |
 // q[g n + n/2 + j] << 4 (ggml's Q4_1 order at n = 32); d % 64 == 0. A step reads 32 bytes (64 columns),
@@ -35,10 +35,10 @@
 
 namespace {
 
-constexpr int64_t kMaxCols4 = 8192;  // every int32 lane of a part then stays below 2^24 (exact as float32)
+constexpr int64_t kMaxCols4 = 8192;  // every int32 lane then stays below 2^24 (exact as float32)
 constexpr int64_t kAhead4 = 8;  // rows ahead to prefetch
 constexpr int kBatch4 = 8;      // hidden rows per pass
-constexpr int rows4_for(int n) { return n == 1 ? 4 : n <= 6 ? 2 : 1; }  // vocab rows per pass (2 R n <= 24 accumulators)
+constexpr int rows4_for(int n) { return n <= 2 ? 4 : 2; }  // vocab rows per pass (R n <= 16 accumulators)
 
 // of[s] = the 16 bytes s q for q = 0..15: the shuffle table of a group with multiple s.
 struct Multiples {
@@ -68,9 +68,8 @@ inline __m512 half_lanes(const uint16_t* src, int64_t n) {
 
 // One hidden row, prepared once per call.
 struct Prepared {
-  const int8_t* high;   // [d] a_hi in the kernel's order
-  const int8_t* low;    // [d] a_lo in the kernel's order
-  const float* sums;    // [G padded to 16] sum of a over group g (exact: |sum| <= 64 * 16383)
+  const int8_t* a;      // [d] in the kernel's order
+  const float* sums;    // [G padded to 16] sum of a over group g (exact: |sum| <= 64 * 127)
   const float* coords;  // [k] c
   float unit;           // u, a power of two
 };
@@ -94,9 +93,9 @@ inline void rows4_dot(const Screen4& s, int64_t row, const Prepared* h, bool pre
     for (int64_t off = 0; off < 2 * G * R; off += 64) simd::prefetch(reinterpret_cast<const uint8_t*>(s.mins + (row + kAhead4) * G) + off);
     for (int64_t off = 0; off < 2 * s.k * R; off += 64) simd::prefetch(reinterpret_cast<const uint8_t*>(s.projection + (row + kAhead4) * s.k) + off);
   }
-  __m512i high[R][N], low[R][N];
+  __m512i acc[R][N];
   for (int r = 0; r < R; ++r)
-    for (int b = 0; b < N; ++b) high[r][b] = low[r][b] = _mm512_setzero_si512();
+    for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_si512();
   const __m512i nibbles = _mm512_set1_epi16(0x0F0F);
   for (int64_t t = 0; t < s.d / 64; ++t) {
     if (prefetch && t % 2 == 0)
@@ -113,19 +112,15 @@ inline void rows4_dot(const Screen4& s, int64_t row, const Prepared* h, bool pre
       w[r] = _mm512_shuffle_epi8(table, q);
     }
     for (int b = 0; b < N; ++b) {
-      const __m512i ah = _mm512_loadu_si512(h[b].high + 64 * t), al = _mm512_loadu_si512(h[b].low + 64 * t);
-      for (int r = 0; r < R; ++r) {
-        high[r][b] = dot_bytes(high[r][b], w[r], ah);
-        low[r][b] = dot_bytes(low[r][b], w[r], al);
-      }
+      const __m512i a = _mm512_loadu_si512(h[b].a + 64 * t);
+      for (int r = 0; r < R; ++r) acc[r][b] = dot_bytes(acc[r][b], w[r], a);
     }
   }
   simd::V out[R * N];
   for (int r = 0; r < R; ++r) {
     __m512 x[N];
-    const __m512 step = _mm512_set1_ps(s.row_step[row + r]), step128 = _mm512_set1_ps(128.f * s.row_step[row + r]);
-    for (int b = 0; b < N; ++b)  // |lane| < 2^24: exact conversions; 128 D exact (a power of two)
-      x[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high[r][b]), step128, _mm512_mul_ps(_mm512_cvtepi32_ps(low[r][b]), step));
+    const __m512 step = _mm512_set1_ps(s.row_step[row + r]);
+    for (int b = 0; b < N; ++b) x[b] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][b]), step);  // |lane| < 2^24: exact conversion
     for (int64_t g = 0; g < G; g += 16) {  // the minimums: m_g sum(a_g) (lanes past G: 0 * 0)
       const __m512 m = half_lanes(s.mins + (row + r) * G + g, G - g);
       for (int b = 0; b < N; ++b) x[b] = _mm512_fmadd_ps(m, _mm512_loadu_ps(h[b].sums + g), x[b]);
@@ -159,10 +154,10 @@ void rows4_batch(int64_t count, const Screen4& s, const Prepared* h, int64_t beg
 }  // namespace
 
 // codes [V, d/2] uint8, multiples [V, G] uint8 (G = d/32 or d/64), row_step [V] float32, mins [V, G] float16,
-// projection [V, k] float16 (k % 16 == 0), high / low [B, d] int8 (a = 128 high + low, |high| <= 127, |low| <= 64),
-// unit [B] float32 (powers of two), coords [B, k] float32 -> y [B, V] float32.
+// projection [V, k] float16 (k % 16 == 0), residual [B, d] int8 (|a| <= 127), unit [B] float32 (powers of two),
+// coords [B, k] float32 -> y [B, V] float32.
 torch::Tensor screen4_gemv(torch::Tensor codes, torch::Tensor multiples, torch::Tensor row_step, torch::Tensor mins,
-                           torch::Tensor projection, torch::Tensor high, torch::Tensor low, torch::Tensor unit, torch::Tensor coords) {
+                           torch::Tensor projection, torch::Tensor residual, torch::Tensor unit, torch::Tensor coords) {
   TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() && codes.dim() == 2, "codes: contiguous [V, d/2] uint8");
   const int64_t V = codes.size(0), d = codes.size(1) * 2, G = multiples.dim() == 2 ? multiples.size(1) : 0;
   TORCH_CHECK(d % 64 == 0 && d <= kMaxCols4, "the 4-bit screen needs d % 64 == 0 and d <= ", kMaxCols4);
@@ -173,35 +168,32 @@ torch::Tensor screen4_gemv(torch::Tensor codes, torch::Tensor multiples, torch::
   TORCH_CHECK(mins.scalar_type() == torch::kFloat16 && mins.is_contiguous() && mins.size(0) == V && mins.size(1) == G, "mins: [V, G] float16");
   TORCH_CHECK(projection.scalar_type() == torch::kFloat16 && projection.is_contiguous() && projection.size(0) == V &&
               projection.size(1) % 16 == 0 && projection.size(1) <= kMaxCols4 / 4, "projection: [V, k] float16, k % 16 == 0");
-  TORCH_CHECK(high.dtype() == torch::kInt8 && high.dim() == 2 && high.size(1) == d, "high: [B, d] int8");
-  TORCH_CHECK(low.dtype() == torch::kInt8 && low.sizes() == high.sizes(), "low: [B, d] int8 like high");
-  const int64_t B = high.size(0), k = projection.size(1);
+  TORCH_CHECK(residual.dtype() == torch::kInt8 && residual.dim() == 2 && residual.size(1) == d, "residual: [B, d] int8");
+  const int64_t B = residual.size(0), k = projection.size(1);
   TORCH_CHECK(unit.dtype() == torch::kFloat32 && unit.numel() == B, "unit: [B] float32");
   TORCH_CHECK(coords.dtype() == torch::kFloat32 && coords.dim() == 2 && coords.size(0) == B && coords.size(1) == k, "coords: [B, k] float32");
-  high = high.contiguous();
-  low = low.contiguous();
+  residual = residual.contiguous();
   unit = unit.contiguous();
   coords = coords.contiguous();
   const int64_t Gp = (G + 15) / 16 * 16;
-  std::vector<int8_t> reordered(static_cast<size_t>(2 * B * d));  // [part][B][d]
+  std::vector<int8_t> reordered(static_cast<size_t>(B * d));
   std::vector<float> sums(static_cast<size_t>(B * Gp), 0.f);
   std::vector<Prepared> prepared(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
-    const int8_t* parts[2] = {high.data_ptr<int8_t>() + b * d, low.data_ptr<int8_t>() + b * d};
-    int8_t* ordered[2] = {reordered.data() + b * d, reordered.data() + (B + b) * d};
-    for (int part = 0; part < 2; ++part)
-      for (int64_t t = 0; t < d / 64; ++t)
-        for (int64_t j = 0; j < 32; ++j) {  // code byte j of the step: group j / (n/2), its columns jj and jj + n/2
-          const int64_t local = j / (group / 2), jj = j % (group / 2), column = 64 * t + local * group + jj;
-          ordered[part][64 * t + 2 * j] = parts[part][column];
-          ordered[part][64 * t + 2 * j + 1] = parts[part][column + group / 2];
-        }
+    const int8_t* natural = residual.data_ptr<int8_t>() + b * d;
+    int8_t* a = reordered.data() + b * d;
+    for (int64_t t = 0; t < d / 64; ++t)
+      for (int64_t j = 0; j < 32; ++j) {  // code byte j of the step: group j / (n/2), its columns jj and jj + n/2
+        const int64_t local = j / (group / 2), jj = j % (group / 2), column = 64 * t + local * group + jj;
+        a[64 * t + 2 * j] = natural[column];
+        a[64 * t + 2 * j + 1] = natural[column + group / 2];
+      }
     for (int64_t g = 0; g < G; ++g) {
       int32_t total = 0;
-      for (int64_t j = 0; j < group; ++j) total += 128 * parts[0][group * g + j] + parts[1][group * g + j];
+      for (int64_t j = 0; j < group; ++j) total += natural[group * g + j];
       sums[b * Gp + g] = static_cast<float>(total);
     }
-    prepared[b] = {ordered[0], ordered[1], sums.data() + b * Gp, coords.data_ptr<float>() + b * k, unit.data_ptr<float>()[b]};
+    prepared[b] = {a, sums.data() + b * Gp, coords.data_ptr<float>() + b * k, unit.data_ptr<float>()[b]};
   }
   const Screen4 s{codes.data_ptr<uint8_t>(), multiples.data_ptr<uint8_t>(), row_step.data_ptr<float>(),
                   reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()),
