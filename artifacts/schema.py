@@ -143,17 +143,16 @@ SCREEN = declare(StageSchema(
 ))
 
 # Per-row norms of the `screen4` stage (prep.screen4 writes them, runtime.heads.screen4_bound reads them).
-SCREEN4_ROW_NORMS = ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms", "projection_norms",
-                     "projection_error_norms")
+SCREEN4_ROW_NORMS = ("error_norms", "qrow_norms", "row_norms", "code_norms", "min_norms", "corr_norms", "corr_error_norms")
 
 SCREEN4 = declare(StageSchema(
     Stage.SCREEN4,
     tensors={
         "codes": T("uint8", "V", "H"),  # H = d / 2: two 4-bit codes per byte
-        "multiples": T("uint8", "V", "G"),  # G = d / 32 or d / 64 (the group size); a group's step / row_step, 0..15
-        "row_step": T("float32", "V"),
+        "scales": T("float16", "V", "G"),  # G = d / 32 or d / 64 (the group size)
         "mins": T("float16", "V", "G"),
-        "projection": T("float16", "V", "k"),  # U^T W_i
+        "corr": T("int8", "V", "k"),
+        "corr_scale": T("float32", "V"),
         "basis": T("float32", "d", "k"),
         **{name: T("float32", "V") for name in SCREEN4_ROW_NORMS},
     },

@@ -1,12 +1,12 @@
 """Stage `screen4`: a 4-bit copy of the LM head with a low-rank correction of its error, and per-row bounds.
 
-Row i becomes Q_i = D_i s_g q + m_g per group g of 32 or 64 columns (q and s in 0..15; D float32, m
-float16), 0.59 or 0.55 bytes per weight against the int8 screen's 1. Alone, its sound radius |W_i - Q_i| |h|
-leaves a quarter of gemma3-270m's vocabulary to recompute. A basis takes most of that back: final
-hidden states concentrate in a few directions, so with U [d, k], the top-k right singular vectors of
-calibration hidden states (ShareGPT conversations of the train split), the row's component in span(U)
-is stored (B_i = U^T W_i, float16) and scored against the coordinates c of h, the screen scores only
-the rest h - U c, and only |<W_i - Q_i, h - U c>| <= |W_i - Q_i| |h - U c| is bounded
+Row i becomes Q_i = d_g q + m_g per group g of 32 or 64 columns (q in 0..15; d and m float16, like
+ggml's Q4_1), 0.63 or 0.56 bytes per weight against the int8 screen's 1. Alone, its sound radius |W_i - Q_i| |h|
+leaves a quarter of gemma3-270m's vocabulary to recompute. The correction takes most of that back:
+final hidden states concentrate in a few directions, so with U [d, k], the top-k right singular
+vectors of calibration hidden states (ShareGPT conversations of the train split), the error's
+component in span(U) is stored (P_i = U^T (W_i - Q_i), int8 with a per-row scale) and added to the
+screen's logit, and only the rest is bounded: |<W_i - Q_i, h - U c>| <= |W_i - Q_i| |h - U c|
 (runtime.heads.screen4_bound). Every norm is computed in float64 and rounded up.
 """
 
@@ -61,12 +61,10 @@ def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int, progres
     """The `screen4` tensors for head rows weight [V, d] and basis U [d, k].
 
     codes [V, d/2] uint8 (byte j of group g: q[g n + j] | q[g n + n/2 + j] << 4 for groups of n columns, ggml's
-    Q4_1 order at n = 32), multiples [V, d/n] uint8 and row_step [V] float32 (group g's step is
-    row_step * multiple, the multiple in 0..15, like the 6-bit sub-scales of ggml's K-quants), mins [V, d/n]
-    float16, projection [V, k] float16 (B_i ~ U^T W_i), basis [d, k] float32, and per row, float32 rounded
-    up from float64: error_norms |W_i - Q_i|, qrow_norms |Q_i|, row_norms |W_i|, code_norms |step q| (the
-    scaled codes), min_norms |m| over all d columns, projection_norms |B^_i|, projection_error_norms
-    |U^T W_i - B^_i| (float64 rounding of the projection included).
+    Q4_1 order at n = 32), scales / mins [V, d/n] float16, corr [V, k] int8 and corr_scale [V] float32 (P_i ~ corr_scale_i corr_i), basis [d, k]
+    float32, and per row, float32 rounded up from float64: error_norms |W_i - Q_i|, qrow_norms |Q_i|,
+    row_norms |W_i|, code_norms |d q| (the scaled codes), min_norms |m| over all d columns, corr_norms
+    |corr_scale_i corr_i|, corr_error_norms |P_i - corr_scale_i corr_i| (float64 rounding of P included).
     """
     V, d = weight.shape
     k = basis.shape[1]
@@ -76,39 +74,36 @@ def quantize_int4(weight: torch.Tensor, basis: torch.Tensor, group: int, progres
         raise ValueError("the head has weights outside the float16 range the 4-bit screen stores; use the int8 screen (prep cluster)")
     u64 = basis.double()
     basis_frobenius = float(u64.norm())
-    out = {"codes": torch.empty(V, d // 2, dtype=torch.uint8), "multiples": torch.empty(V, G, dtype=torch.uint8),
-           "row_step": torch.empty(V, dtype=torch.float32), "mins": torch.empty(V, G, dtype=torch.float16),
-           "projection": torch.empty(V, k, dtype=torch.float16)}
+    out = {"codes": torch.empty(V, d // 2, dtype=torch.uint8), "scales": torch.empty(V, G, dtype=torch.float16),
+           "mins": torch.empty(V, G, dtype=torch.float16), "corr": torch.empty(V, k, dtype=torch.int8),
+           "corr_scale": torch.empty(V, dtype=torch.float32)}
     norms = {name: torch.empty(V, dtype=torch.float32) for name in SCREEN4_ROW_NORMS}
     for start in tqdm(range(0, V, _CHUNK), desc="4-bit screen", disable=not progress, unit="chunk"):
         rows = slice(start, start + _CHUNK)
         exact = weight[rows].double()  # [c, d]
         groups = exact.view(-1, G, group)  # [c, G, n]
-        min16 = groups.amin(-1).to(torch.float16)  # [c, G]
-        minimum = min16.double()[..., None]  # what the kernel adds
-        ideal = (groups.amax(-1) - min16.double()).clamp(min=0) / 15  # [c, G] each group's own step
-        row_step = (ideal.amax(1) / 15).float()  # [c]
-        step64 = torch.where(row_step > 0, row_step, torch.ones_like(row_step)).double()[:, None]
-        multiples = torch.ceil(ideal / step64 * (1 - 2.0**-40)).clamp(0, 15)  # [c, G]: steps that cover each group
-        steps = (multiples * row_step.double()[:, None])[..., None]  # [c, G, 1], exact: float32 x 4-bit integer
-        q = torch.where(steps > 0, torch.round((groups - minimum) / torch.where(steps > 0, steps, 1.0)), 0.0).clamp(0, 15)
-        scaled_codes = (q * steps).view(-1, d)  # [c, d], exact in float64 (24-bit step x 4-bit code)
+        low, high = groups.amin(-1), groups.amax(-1)  # [c, G]
+        scale16, min16 = ((high - low) / 15).to(torch.float16), low.to(torch.float16)
+        scale, minimum = scale16.double()[..., None], min16.double()[..., None]  # what the kernel multiplies
+        q = torch.where(scale > 0, torch.round((groups - minimum) / torch.where(scale > 0, scale, 1.0)), 0.0).clamp(0, 15)
+        scaled_codes = (q * scale).view(-1, d)  # [c, d], exact in float64 (11-bit scale x 4-bit code)
         quantized = scaled_codes + minimum.expand_as(groups).reshape(-1, d)  # [c, d]
         error = exact - quantized
-        projected = exact @ u64  # [c, k] U^T W_i
-        if float(projected.abs().max()) > _FLOAT16_MAX / 2:
-            raise ValueError("the head's projection on the basis leaves the float16 range; use the int8 screen (prep cluster)")
-        stored = projected.to(torch.float16)
-        # |U^T W_i - fl64(U^T W_i)| <= gamma64_d |U|_F |W_i|: float64 dot products of d terms
-        projection_rounding = dot_rounding_gamma(d, 2.0**-53) * basis_frobenius * exact.norm(dim=1)
+        projected = error @ u64  # [c, k]
+        corr_scale = (projected.abs().amax(1) / 127).float()  # [c]
+        safe_scale = torch.where(corr_scale > 0, corr_scale, torch.ones_like(corr_scale)).double()[:, None]
+        corr = torch.round(projected / safe_scale).clamp(-127, 127)
+        stored = corr * corr_scale.double()[:, None]  # [c, k]
+        # |P - fl64(U^T E)| <= gamma64_d |U|_F |E|: float64 dot products of d terms
+        projection_rounding = dot_rounding_gamma(d, 2.0**-53) * basis_frobenius * error.norm(dim=1)
         q8 = q.to(torch.uint8)
         out["codes"][rows] = (q8[..., : group // 2] | (q8[..., group // 2 :] << 4)).view(-1, d // 2)
-        out["multiples"][rows], out["row_step"][rows], out["mins"][rows] = multiples.to(torch.uint8), row_step, min16
-        out["projection"][rows] = stored
+        out["scales"][rows], out["mins"][rows] = scale16, min16
+        out["corr"][rows], out["corr_scale"][rows] = corr.to(torch.int8), corr_scale
         found = {"error_norms": error.norm(dim=1), "qrow_norms": quantized.norm(dim=1), "row_norms": exact.norm(dim=1),
                  "code_norms": scaled_codes.norm(dim=1), "min_norms": min16.double().norm(dim=1) * math.sqrt(group),
-                 "projection_norms": stored.double().norm(dim=1),
-                 "projection_error_norms": (projected - stored.double()).norm(dim=1) + projection_rounding}
+                 "corr_norms": stored.norm(dim=1),
+                 "corr_error_norms": (projected - stored).norm(dim=1) + projection_rounding}
         for name, value in found.items():
             norms[name][rows] = round_up_to_float32(value * (1 + FLOAT64_SLACK))
     return {**out, "basis": basis.float().contiguous(), **norms}

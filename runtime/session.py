@@ -56,7 +56,8 @@ class Session:
             family = self.screen_bound()
         elif bound == "screen4":
             if self._screen4_bound is None:
-                self._screen4_bound = Screen4Bound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN4))
+                wide = self.screen_bound() if self.artifact.has_stage(Stage.SCREEN) else None
+                self._screen4_bound = Screen4Bound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN4), wide)
             family = self._screen4_bound
         elif bound == "cluster":
             tensors = self.artifact.read_stage(Stage.CLUSTERS)

@@ -1,6 +1,6 @@
-"""The 4-bit screen: its stage (codes, group steps and float16 minimums, the basis projection,
-rounded-up norms), its kernel against the float64 reference on int8 residuals, and the soundness of its
-radius on tiny heads, with hidden states that stress the int8 rounding and the basis.
+"""The 4-bit screen: its stage (codes, float16 scales and minimums, low-rank correction, rounded-up
+norms), its kernel against a float64 reference of the same integer split, and the soundness of its
+radius on tiny heads, with hidden states that stress the split and the correction.
 """
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from factories import make_tiny_head
+from head_factories import screen_bound
 from prep.screen4 import build_screen4, check_screen4_shape, hidden_basis, quantize_int4
-from runtime.heads.screen4_bound import Screen4Bound, int8_rows
-from runtime.kernels import build, screen4_gemv, screen4_reference, screen4_weight, unpack_int4
-from test_screen_int16 import adversarial_hidden
+from runtime.heads.screen4_bound import MAX_ROWS, Screen4Bound
+from runtime.kernels import _screen4_torch, build, screen4_gemv, unpack_int4
+from test_screen_int16 import adversarial_hidden, reference_split
 
 VOCAB, DIM = 1031, 128  # 1031 rows: not a multiple of the kernel's row blocks
 
@@ -31,34 +32,32 @@ def stage(group: int, rank: int = 16, seed: int = 1) -> tuple[torch.Tensor, dict
 
 
 def dequantize4(t: dict) -> torch.Tensor:
-    """Q [V, d] float64: row_step multiple q + m per group, the values the screen stands for (exact in float64)."""
-    return screen4_weight(t["codes"], t["multiples"], t["row_step"], t["mins"])
+    """Q [V, d] float64: d_g q + m_g, the values the screen stands for (exact in float64)."""
+    V, G = t["scales"].shape
+    group = t["codes"].shape[1] * 2 // G
+    q = unpack_int4(t["codes"], group).double().view(V, G, group)
+    return (q * t["scales"].double()[..., None] + t["mins"].double()[..., None]).view(V, -1)
 
 
 @pytest.mark.parametrize("group", [32, 64])
 def test_stage_codes_and_norms_are_what_the_bound_needs(group: int):
     weight, t = stage(group)
     q = unpack_int4(t["codes"], group)
-    assert q.shape == (VOCAB, DIM) and int(q.max()) <= 15 and int(t["multiples"].max()) <= 15
-    assert t["mins"].dtype == t["projection"].dtype == torch.float16 and t["multiples"].shape == (VOCAB, DIM // group)
+    assert q.shape == (VOCAB, DIM) and int(q.max()) <= 15
+    assert t["scales"].dtype == t["mins"].dtype == torch.float16 and t["scales"].shape == (VOCAB, DIM // group)
     quantized = dequantize4(t)
     error = weight.double() - quantized
-    projected = weight.double() @ t["basis"].double()  # B_i = U^T W_i
-    stored = t["projection"].double()
-    steps = t["row_step"].double()[:, None] * t["multiples"].double()  # [V, G]
+    basis = t["basis"].double()
+    projected = error @ basis  # P_i = U^T E_i
+    stored = t["corr"].double() * t["corr_scale"].double()[:, None]
     expected = {"error_norms": error.norm(dim=1), "qrow_norms": quantized.norm(dim=1), "row_norms": weight.double().norm(dim=1),
-                "code_norms": (quantized - t["mins"].double().repeat_interleave(group, dim=1)).norm(dim=1),
-                "projection_norms": stored.norm(dim=1), "projection_error_norms": (projected - stored).norm(dim=1)}
+                "corr_norms": stored.norm(dim=1), "corr_error_norms": (projected - stored).norm(dim=1)}
     for name, value in expected.items():
         assert bool((t[name].double() >= value).all()), f"{name} is not rounded up"
         assert torch.allclose(t[name].double(), value, rtol=1e-6), name
-    # each weight within half a step of its group's grid (plus the float16 rounding of the minimum below it)
-    below = (weight.double().view(VOCAB, -1, group).amin(-1) - t["mins"].double()).clamp(max=0).abs()  # [V, G]
-    allowed = (steps / 2 + below).repeat_interleave(group, dim=1)
-    assert bool((error.abs() <= allowed * (1 + 1e-3) + 1e-12).all())
-    # the group steps are multiples 0..15 of the row's step, and cover each group's range
-    ranges = weight.double().view(VOCAB, -1, group).amax(-1) - t["mins"].double()
-    assert bool((15 * steps >= ranges * (1 - 1e-6)).all())
+    # 4 bits with a minimum per group: each weight within half a step of its group's grid
+    steps = t["scales"].double().repeat_interleave(group, dim=1)
+    assert bool((error.abs() <= steps / 2 + 1e-3 * steps + 1e-12).all())
 
 
 def test_shapes_the_kernel_cannot_take_are_refused_naming_the_fix():
@@ -72,54 +71,48 @@ def test_shapes_the_kernel_cannot_take_are_refused_naming_the_fix():
         quantize_int4(torch.full((4, 64), 1e5), torch.eye(64)[:, :16], 64)
 
 
-def test_int8_rows_round_each_row_to_a_power_of_two_unit():
-    rows = torch.cat([torch.randn(3, DIM, dtype=torch.float64) * torch.tensor([[1e-3], [1.0], [1e4]], dtype=torch.float64),
-                      torch.full((1, DIM), float("nan"), dtype=torch.float64), torch.zeros(1, DIM, dtype=torch.float64)])
-    unit, a, fits = int8_rows(rows)
-    assert fits.tolist() == [True, True, True, False, False]
-    for row in range(3):
-        amax = float(rows[row].abs().max())
-        assert float(unit[row]) == 2.0 ** round(torch.log2(unit[row]).item()) and 127 * float(unit[row]) / 2 <= amax < 127 * float(unit[row])
-        assert bool(((rows[row] - a[row].double() * unit[row]).abs() <= unit[row] / 2).all())
-    assert int(a[3:].abs().max()) == 0
+def avx512_module():
+    missing = build.missing_cpu_flags("avx512")
+    if missing:
+        pytest.skip(f"the 4-bit screen kernel is AVX-512 only; this CPU lacks {', '.join(missing)}")
+    return build.module("avx512")
 
 
-def test_kernel_is_the_float64_reference():
-    if "avx512_vnni" not in build.cpu_flags() or build.missing_cpu_flags("avx512"):
-        pytest.skip("the 4-bit screen kernel needs AVX-512 with avx512_vnni (elsewhere the reference itself runs)")
-    for group in (32, 64):
-        weight, t = stage(group)
-        hidden = torch.cat([calibration(DIM, seed=7)[:5], adversarial_hidden(DIM)[[0, 1, 2, 3]]])  # [9, d]: several passes of rows
-        coords = hidden @ t["basis"]
-        unit, a, fits = int8_rows(hidden.double() - coords.double() @ t["basis"].double().T)
-        a[0, :] = 127  # the largest products the integer lanes take
-        a[1, :] = -127
-        parts = (t["codes"], t["multiples"], t["row_step"], t["mins"], t["projection"], a, unit.float(), coords)
-        for module in (build.module(path) for path in ("avx512", "avx512vbmi") if not build.missing_cpu_flags(path)):
-            center = module.screen4_gemv(*parts)
-            quantized = dequantize4(t)
-            for row in range(hidden.shape[0]):
-                expected = quantized @ a[row].double() * float(unit[row]) + t["projection"].double() @ coords[row].double()  # [V]
-                scale = quantized.abs() @ a[row].double().abs() * float(unit[row]) + t["projection"].double().abs() @ coords[row].double().abs()
-                assert bool(((center[row].double() - expected).abs() <= 1e-5 * scale + 1e-30).all()), (group, row)
-            assert torch.equal(center, screen4_gemv(*parts))  # the dispatcher runs the same kernel
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("vnni", [False, True], ids=["vpmaddwd", "vpdpwssd"])
+def test_kernel_is_the_integer_split_screen(group: int, vnni: bool):
+    module = avx512_module()
+    if vnni and "avx512_vnni" not in build.cpu_flags():
+        pytest.skip("this CPU does not report avx512_vnni")
+    weight, t = stage(group)
+    hidden = torch.cat([calibration(DIM, seed=7)[:5], adversarial_hidden(DIM)[[0, 1, 2, 3]]])  # [9, d]
+    coords = hidden @ t["basis"]
+    center, remainder, used = module.screen4_gemv(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"], hidden, coords, vnni)
+    assert torch.equal(used, coords)  # 2^-e c never underflows here
+    quantized = dequantize4(t)
+    correction = t["corr"].double() * t["corr_scale"].double()[:, None]  # [V, k]
+    for row in range(hidden.shape[0]):
+        a, e = reference_split(hidden[row])
+        assert float(remainder[row]) >= float((hidden[row].double() - a.double() * 2.0**e).norm())
+        expected = quantized @ a.double() * 2.0**e + correction @ coords[row].double()  # [V] float64
+        scale = (quantized.abs() @ a.double().abs() * 2.0**e + correction.abs() @ coords[row].double().abs())  # sum of |terms|
+        assert bool(((center[row].double() - expected).abs() <= 1e-5 * scale + 1e-30).all()), row
 
 
 def test_torch_reference_matches_the_float64_definition():
     weight, t = stage(32)
-    hidden = calibration(DIM, seed=3)[:3].double()
-    coords = torch.randn(3, 16, generator=torch.Generator().manual_seed(3))
-    unit = torch.tensor([1.0, 0.5, 4.0])
-    got = screen4_reference(t["codes"], t["multiples"], t["row_step"], t["mins"], t["projection"], hidden, unit, coords)
-    expected = (hidden * unit.double()[:, None]) @ dequantize4(t).T + coords.double() @ t["projection"].double().T
+    hidden = calibration(DIM, seed=3)[:3]
+    coords = hidden @ t["basis"]
+    got = _screen4_torch(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"], hidden, coords)
+    expected = hidden.double() @ dequantize4(t).T + coords.double() @ (t["corr"].double() * t["corr_scale"].double()[:, None]).T
     assert torch.allclose(got.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 def hidden_rows() -> torch.Tensor:
-    """Calibration-like rows, rows off the calibration subspace, and rows with outliers and extremes."""
+    """Calibration-like rows, rows off the calibration subspace, and the int16 split's hard cases."""
     gen = torch.Generator().manual_seed(11)
-    off = torch.randn(3, DIM, generator=gen) * 30  # no shared direction: the basis helps little
-    extreme = torch.randn(1, DIM, generator=gen) * 2.0**61  # beyond the int8 rounding's range: screened in float64
+    off = torch.randn(3, DIM, generator=gen) * 30  # no shared direction: the correction helps little
+    extreme = torch.randn(1, DIM, generator=gen) * 2.0**61  # beyond the split's range: the float64 fallback
     return torch.cat([calibration(DIM, seed=9)[:6], off, adversarial_hidden(DIM)[:5], extreme])
 
 
@@ -130,8 +123,8 @@ def test_every_exact_logit_lies_within_the_radius(group: int, bias: bool):
     tensors = quantize_int4(head.weight, hidden_basis(calibration(DIM).double(), 16), group)
     bound = Screen4Bound(head.weight, head.bias, tensors)
     hidden = hidden_rows()
-    for start in range(0, hidden.shape[0], 5):  # batches of up to five rows
-        batch = hidden[start : start + 5]
+    for start in range(0, hidden.shape[0], 2):  # batches of up to two rows, the ones this screen takes
+        batch = hidden[start : start + 2]
         state = bound.prepare(batch)
         exact = batch.double() @ head.weight.double().T + (head.bias.double() if bias else 0.0)  # [B, V]
         computed = torch.nn.functional.linear(batch, head.weight, head.bias).double()  # float32, as the full head
@@ -141,7 +134,7 @@ def test_every_exact_logit_lies_within_the_radius(group: int, bias: bool):
                 assert bool(((logits[row] - state.center[row].double()).abs() <= radius).all()), (start + row)
 
 
-def test_the_basis_tightens_the_radius_on_calibration_like_rows():
+def test_the_correction_tightens_the_radius_on_calibration_like_rows():
     head = make_tiny_head(vocab=VOCAB, dim=DIM, seed=4)
     calib = calibration(DIM).double()
     with_basis = Screen4Bound(head.weight, None, quantize_int4(head.weight, hidden_basis(calib, 16), 64))
@@ -152,15 +145,17 @@ def test_the_basis_tightens_the_radius_on_calibration_like_rows():
     assert float(with_basis.radius(tight, 0).mean()) < 0.5 * float(without.radius(loose, 0).mean())
 
 
-def test_a_wide_batch_stays_sound_and_picks_the_exact_argmax():
+def test_wide_batches_go_to_the_int8_screen_and_stay_sound():
     head = make_tiny_head(vocab=VOCAB, dim=DIM, seed=6)
-    bound = Screen4Bound(head.weight, None, quantize_int4(head.weight, hidden_basis(calibration(DIM).double(), 16), 64))
-    hidden = calibration(DIM, seed=8)[:11]  # more rows than one pass of the kernel takes
-    state = bound.prepare(hidden)
+    wide = screen_bound(head, 0)
+    bound = Screen4Bound(head.weight, None, quantize_int4(head.weight, hidden_basis(calibration(DIM).double(), 16), 64), wide)
+    hidden = calibration(DIM, seed=8)[: MAX_ROWS + 2]
+    narrow_state, wide_state = bound.prepare(hidden[:MAX_ROWS]), bound.prepare(hidden)
+    assert wide_state.coefficients is wide.coefficients and narrow_state.coefficients is bound.coefficients
     exact = hidden.double() @ head.weight.double().T
     for row in range(hidden.shape[0]):
-        assert bool(((exact[row] - state.center[row].double()).abs() <= bound.radius(state, row).double()).all()), row
-        picked = bound.open_topk(state, row, 1, 0.0, None)
+        assert bool(((exact[row] - wide_state.center[row].double()).abs() <= bound.radius(wide_state, row).double()).all())
+        picked = bound.open_topk(wide_state, row, 1, 0.0, None)
         assert int(picked.ids[picked.logits.argmax()]) == int(exact[row].argmax())
 
 

@@ -109,47 +109,48 @@ def unpack_int4(codes: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def screen4_gemv(
-    codes: torch.Tensor, multiples: torch.Tensor, row_step: torch.Tensor, mins: torch.Tensor, projection: torch.Tensor,
-    residual: torch.Tensor, unit: torch.Tensor, coords: torch.Tensor,
-) -> torch.Tensor:
-    """The 4-bit screen (runtime.heads.screen4_bound): y [B, V] float32 ~ u_b <Q_i, a_b> + <B_i, c_b>.
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, corr: torch.Tensor, corr_scale: torch.Tensor,
+    hidden: torch.Tensor, coords: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 4-bit screen with its low-rank correction (runtime.heads.screen4_bound).
 
-    codes [V, d/2] uint8, multiples [V, G] uint8 and mins [V, G] float16 (groups of d / G = 32 or 64
-    columns), row_step [V] float32 (Q_ij = row_step_i multiples_ig q_ij + mins_ig), projection [V, k]
-    float16 (B_i), residual [B, d] int8 (a), unit [B] float32 (u, powers of two), coords [B, k] float32 (c).
-    The integer dots run on AVX512-VNNI (vpdpbusd); elsewhere float64 in torch.
+    codes [V, d/2] uint8, scales / mins [V, G] float16 (groups of d / G = 32 or 64 columns), corr [V, k] int8, corr_scale [V] float32,
+    hidden [B, d] float32, coords [B, k] float32 (the hidden rows' basis coordinates). Returns
+    (center [B, V] float32 ~ <Q_i, h> + s_i <p_i, c_eff>, |r| [B] float64 of the int16 split (0 where
+    the screen ran on float activations), c_eff [B, k] float32: the coordinates the center used).
+    AVX-512 paths: integer dots against int16-split rows; elsewhere, or for a row the split does not
+    take (non-finite or extreme values), float64 in torch.
     """
+    hidden, coords = hidden.float().contiguous(), coords.float().contiguous()
     ext = active()[1]
     d = codes.shape[1] * 2
-    unit, coords = unit.float().contiguous(), coords.float().contiguous()
-    if ext is None or not hasattr(ext, "screen4_gemv") or "avx512_vnni" not in cpu_flags() or d % 64 or d > INT16_SCREEN_MAX_COLS:
-        return screen4_reference(codes, multiples, row_step, mins, projection, residual, unit, coords)
-    return ext.screen4_gemv(codes, multiples, row_step, mins, projection, residual.contiguous(), unit, coords)
+    if ext is None or not hasattr(ext, "screen4_gemv") or d % 64 or d > INT16_SCREEN_MAX_COLS:
+        return _screen4_torch(codes, scales, mins, corr, corr_scale, hidden, coords), torch.zeros(hidden.shape[0], dtype=torch.float64), coords
+    center, remainder, effective = ext.screen4_gemv(codes, scales, mins, corr, corr_scale, hidden, coords, "avx512_vnni" in cpu_flags())
+    unsplit = ~torch.isfinite(remainder)  # [B]
+    if bool(unsplit.any()):
+        center[unsplit] = _screen4_torch(codes, scales, mins, corr, corr_scale, hidden[unsplit], coords[unsplit])
+        remainder[unsplit] = 0.0
+        effective[unsplit] = coords[unsplit]
+    return center, remainder, effective
 
 
-def screen4_weight(codes: torch.Tensor, multiples: torch.Tensor, row_step: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """Q [V, d] float64 of 4-bit screen rows: row_step * multiple * q + min per group (exact in float64)."""
-    V, G = multiples.shape
-    q = unpack_int4(codes, codes.shape[1] * 2 // G).double().view(V, G, -1)  # [V, G, n]
-    steps = row_step.double()[:, None] * multiples.double()  # [V, G], exact: float32 x 4-bit integer
-    return (q * steps[..., None] + mins.double()[..., None]).view(V, -1)
-
-
-def screen4_reference(
-    codes: torch.Tensor, multiples: torch.Tensor, row_step: torch.Tensor, mins: torch.Tensor, projection: torch.Tensor,
-    residual: torch.Tensor, unit: torch.Tensor, coords: torch.Tensor,
+def _screen4_torch(
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, corr: torch.Tensor, corr_scale: torch.Tensor,
+    hidden: torch.Tensor, coords: torch.Tensor,
 ) -> torch.Tensor:
-    """The 4-bit screen in float64 (row chunks), rounded to float32 at the end: [B, V]. residual may be any
-    real rows here (the bound passes float64 residuals for rows the int8 rounding does not take)."""
-    V = codes.shape[0]
-    scaled = residual.double() * unit.double()[:, None]  # [B, d]
-    c64 = coords.double()
-    out = torch.empty(residual.shape[0], V, dtype=torch.float32)
+    """Reference 4-bit screen in float64 (row chunks), rounded to float32 at the end: [B, V]."""
+    V, G = scales.shape
+    group = codes.shape[1] * 2 // G
+    h64, c64 = hidden.double(), coords.double()
+    out = torch.empty(hidden.shape[0], V, dtype=torch.float32)
     chunk = 16384
     for start in range(0, V, chunk):
         rows = slice(start, start + chunk)
-        weight = screen4_weight(codes[rows], multiples[rows], row_step[rows], mins[rows])  # [c, d]
-        out[:, rows] = (scaled @ weight.T + c64 @ projection[rows].double().T).float()
+        q = unpack_int4(codes[rows], group).double().view(-1, G, group)  # [c, G, n]
+        weight = (q * scales[rows].double()[..., None] + mins[rows].double()[..., None]).view(q.shape[0], -1)  # [c, d], exact
+        correction = corr[rows].double() * corr_scale[rows].double()[:, None]  # [c, k]
+        out[:, rows] = (h64 @ weight.T + c64 @ correction.T).float()
     return out
 
 
@@ -214,8 +215,6 @@ __all__ = [
     "rms_norm",
     "screen_gemv",
     "screen4_gemv",
-    "screen4_reference",
-    "screen4_weight",
     "screen_gemv_int16",
     "screen_radius",
     "screen_select",

@@ -1,4 +1,4 @@
-// The int8 screen's integer parts: the exact int16 split of a hidden row, and int16 pair dot products.
+// The integer screens' shared parts: the exact int16 split of a hidden row, and int16 pair dot products.
 #pragma once
 
 #include <algorithm>
