@@ -9,6 +9,7 @@ from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.heads import BOUNDS, CertifiedHead, ClusterBound, FullHead, ScreenBound
 from runtime.heads.screen4_bound import Screen4Bound
+from runtime.kernels import has_screen4_kernel, kernel_name
 from runtime.backends import TargetModel, load_target, reload_target
 from runtime.models import LoadedModel, ModelError
 
@@ -56,8 +57,12 @@ class Session:
             family = self.screen_bound()
         elif bound == "screen4":
             if self._screen4_bound is None:
+                tensors = self.artifact.read_stage(Stage.SCREEN4)  # a missing stage is the first thing to fix
+                if not has_screen4_kernel():
+                    raise ValueError(f"csv:screen4 needs the AVX-512 kernels and this CPU runs {kernel_name()}: without them "
+                                     "the 4-bit screen takes ~1.6 s per step; use +csv (the int8 screen)")
                 wide = self.screen_bound() if self.artifact.has_stage(Stage.SCREEN) else None
-                self._screen4_bound = Screen4Bound.from_stage(weight, bias, self.artifact.read_stage(Stage.SCREEN4), wide)
+                self._screen4_bound = Screen4Bound.from_stage(weight, bias, tensors, wide)
             family = self._screen4_bound
         elif bound == "cluster":
             tensors = self.artifact.read_stage(Stage.CLUSTERS)

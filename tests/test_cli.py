@@ -153,6 +153,13 @@ def test_csv_screen4_without_its_stage_names_the_prep_command(artifact: Path):
     assert_clean_error(result, "screen4", "prep screen4")
 
 
+def test_csv_screen4_without_its_kernel_names_the_int8_screen(tiny_model_dir: Path, artifact_copy: Path, monkeypatch):
+    assert invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--texts", 2]).exit_code == 0
+    monkeypatch.setattr("runtime.session.has_screen4_kernel", lambda: False)  # a CPU without the AVX-512 paths
+    result = invoke(runtime_main, ["generate", artifact_copy, "--method", "spec:ngram+csv:screen4", "--prompt", "hi", "--max-new-tokens", 2])
+    assert_clean_error(result, "needs the AVX-512 kernels", "use +csv")
+
+
 def test_prep_screen4_refuses_a_group_it_cannot_take(tiny_model_dir: Path, artifact_copy: Path):
     before = snapshot(artifact_copy)
     result = invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--group", 48])

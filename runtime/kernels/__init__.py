@@ -108,6 +108,13 @@ def unpack_int4(codes: torch.Tensor, group: int) -> torch.Tensor:
     return torch.cat([pairs & 0x0F, pairs >> 4], dim=2).view(V, half * 2)
 
 
+def has_screen4_kernel() -> bool:
+    """Whether the 4-bit screen runs compiled here (the AVX-512 paths); elsewhere screen4_gemv's float64
+    torch path dequantizes the whole head on every call (1.6 s per step on qwen2.5-coder)."""
+    ext = active()[1]
+    return ext is not None and hasattr(ext, "screen4_gemv")
+
+
 def screen4_gemv(
     codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, corr: torch.Tensor, corr_scale: torch.Tensor,
     hidden: torch.Tensor, coords: torch.Tensor,
@@ -214,6 +221,7 @@ __all__ = [
     "quant_linear_parts",
     "rms_norm",
     "screen_gemv",
+    "has_screen4_kernel",
     "screen4_gemv",
     "screen_gemv_int16",
     "screen_radius",
