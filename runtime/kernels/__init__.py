@@ -129,11 +129,10 @@ def screen4_gemv(
     take (non-finite or extreme values), float64 in torch.
     """
     hidden, coords = hidden.float().contiguous(), coords.float().contiguous()
-    ext = active()[1]
     d = codes.shape[1] * 2
-    if ext is None or not hasattr(ext, "screen4_gemv") or d % 64 or d > INT16_SCREEN_MAX_COLS:
+    if not has_screen4_kernel() or d % 64 or d > INT16_SCREEN_MAX_COLS:
         return _screen4_torch(codes, scales, mins, corr, corr_scale, hidden, coords), torch.zeros(hidden.shape[0], dtype=torch.float64), coords
-    center, remainder, effective = ext.screen4_gemv(codes, scales, mins, corr, corr_scale, hidden, coords, "avx512_vnni" in cpu_flags())
+    center, remainder, effective = active()[1].screen4_gemv(codes, scales, mins, corr, corr_scale, hidden, coords, "avx512_vnni" in cpu_flags())
     unsplit = ~torch.isfinite(remainder)  # [B]
     if bool(unsplit.any()):
         center[unsplit] = _screen4_torch(codes, scales, mins, corr, corr_scale, hidden[unsplit], coords[unsplit])
