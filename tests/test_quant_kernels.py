@@ -16,8 +16,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_name, linear, take_rows
-from runtime.kernels import build
-from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch
+from runtime.kernels import build, quant
+from runtime.kernels.quant import Q5_0_LANES, SUPPORTED_GGML_TYPES, _dequantize_torch, kernel_layout, row_bytes, to_lanes
 
 from factories import USER_CACHE, compiled_module, random_matrix
 
@@ -116,6 +116,42 @@ def test_compiled_paths_bit_identical(path: str) -> None:
             assert torch.equal(other.quant_linear(x[:n], w.data, int(t), w.cols), active.quant_linear(x[:n], w.data, int(t), w.cols)), (t.name, n)
         ids = torch.arange(w.rows)
         assert torch.equal(other.take_rows(w.data, int(t), w.cols, ids), active.take_rows(w.data, int(t), w.cols, ids)), t.name
+
+
+@pytest.mark.parametrize("cols", [96, 896, 160, 64, 2080])
+def test_lanes_layout_has_q5_0_values_and_bits(cols: int) -> None:
+    """Q5_0 repacked into lanes: whole 96-element groups plus a Q5_0 tail of 0, 1 or 2 blocks (896, 160,
+    64 elements; 2080: several prefill tile segments). Values, kernel outputs at n = 1..16 and a
+    prefill's rows are Q5_0's bits on the active path, and every compiled path gives the same bits."""
+    w = random_matrix(T.Q5_0, 37, cols, seed=cols)
+    lanes = to_lanes(w)
+    assert lanes.ggml_type == Q5_0_LANES and lanes.data.shape[1] == row_bytes(Q5_0_LANES, cols)
+    expected = reference(w)
+    assert torch.equal(_dequantize_torch(lanes.data, Q5_0_LANES, cols), expected)
+    assert torch.equal(dequantize(lanes), expected)
+    assert torch.equal(take_rows(lanes, torch.tensor([36, 0, 3])), expected[[36, 0, 3]])
+    if kernel_name() == "torch":
+        return
+    x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))
+    for n in [*range(1, SKINNY_MAX_ROWS + 1), x.shape[0]]:
+        assert torch.equal(linear(x[:n], lanes), linear(x[:n], w)), n
+    active = build.active()[1]
+    for path in build.runnable_paths():
+        other = compiled_module(path)
+        for n in (1, 3, 9):
+            assert torch.equal(other.quant_linear(x[:n], lanes.data, Q5_0_LANES, cols), active.quant_linear(x[:n], w.data, int(T.Q5_0), cols)), (path, n)
+        assert torch.equal(other.take_rows(lanes.data, Q5_0_LANES, cols, torch.arange(37)), expected), path
+
+
+def test_kernel_layout_repacks_only_q5_0_on_avx512(monkeypatch) -> None:
+    q5, q8 = random_matrix(T.Q5_0, 4, 896), random_matrix(T.Q8_0, 4, 896)
+    assert kernel_layout(q8) is q8
+    expected = Q5_0_LANES if kernel_name().startswith("avx512") else int(T.Q5_0)
+    assert kernel_layout(q5).ggml_type == expected
+    with pytest.raises(ValueError, match="repacks Q5_0 matrices, not Q8_0"):
+        to_lanes(q8)
+    monkeypatch.setattr(quant, "active", lambda: ("avx2", object()))
+    assert kernel_layout(q5) is q5
 
 
 def test_thread_count_does_not_change_the_bits() -> None:

@@ -123,6 +123,13 @@ class GGUFFile:
                 raise GGUFError(f"{self.path} is truncated (tensor {name} runs past the end); download or assemble it again")
             self.tensors[name] = info
 
+    def release(self, name: str) -> None:
+        """Drop this process's mapped pages of the tensor (it was copied into another layout): they
+        leave the resident set, and a later read maps them again from the page cache."""
+        info = self.tensors[name]
+        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        self.map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+
     def array(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 array [rows, row_bytes] (no copy)."""
         info = self.tensors[name]

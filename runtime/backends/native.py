@@ -28,7 +28,7 @@ from runtime.backends.layers import DecoderLayer, KernelProjection, RMSNorm, Uns
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
 from runtime.kernels import QuantMatrix, dequantize, quant_linear_parts, take_rows
-from runtime.kernels.quant import SUPPORTED_GGML_TYPES, type_name
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES, kernel_layout, type_name
 
 
 class NativeProjection(KernelProjection):
@@ -78,6 +78,15 @@ class GGUFTensors:
         """A 2-D tensor as a QuantMatrix over the mapped bytes [rows, row_bytes]."""
         cols, rows = self.file.tensors[name].dims
         return QuantMatrix.from_numpy(self.file.array(name), self.types[name], int(rows), int(cols))
+
+    def kernel_matrix(self, name: str) -> QuantMatrix:
+        """matrix(name) in the layout the kernels read fastest (kernel_layout); when that is a copy,
+        the mapped pages it was read from are released, so the file's bytes are not resident twice."""
+        mapped = self.matrix(name)
+        laid_out = kernel_layout(mapped)
+        if laid_out is not mapped:
+            self.file.release(name)
+        return laid_out
 
     def vector(self, name: str) -> torch.Tensor | None:
         """A 1-D F32 tensor (norm weight, bias) copied into memory, or None when the file lacks it."""
@@ -134,7 +143,7 @@ class _Builder:
         llama q/k tensor whose rows llama.cpp permuted, else None."""
         parts = []
         for name, count in zip(names, heads):
-            matrix = self.tensors.matrix(f"{name}.weight")
+            matrix = self.tensors.kernel_matrix(f"{name}.weight")
             if self.permuted and count:  # a copy of the rows in transformers' order (q and k: small)
                 rows = matrix.data[_rope_order(matrix.rows, count)]
                 matrix = QuantMatrix(rows, matrix.ggml_type, matrix.rows, matrix.cols)

@@ -20,6 +20,9 @@ inline V affine_at(V d, V m, I q) {  // the value at the quant q (in range)
 // The value at q & 15 per lane.
 template <int Offset, int Min>
 inline V lookup(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 15)); }
+// The value at q & 31 per lane.
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 31)); }
 // The value at (q & 15) | (h & 16) per lane.
 template <int Offset, int Min>
 inline V lookup(const Affine<5, Offset, Min>& a, I q, I h) { return affine_at<Offset, Min>(a.d, a.m, and_(merge_bits(q, h, 15), 31)); }

@@ -87,6 +87,7 @@ void run_tall(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const fl
 
 template <class D>
 int64_t row_bytes(int64_t cols) {
+  if constexpr (blocks::kHasTail<D>) return cols / D::kQK * D::kBytes + cols % D::kQK / D::Tail::kQK * D::Tail::kBytes;
   return D::kElementwise ? cols * (D::kBytes / D::kQK) : cols / D::kQK * D::kBytes;
 }
 
@@ -96,7 +97,9 @@ void dispatch(const torch::Tensor& data, int64_t type, int64_t cols, Fn&& fn) {
   TORCH_CHECK(data.dtype() == torch::kUInt8 && data.dim() == 2 && data.is_contiguous(), "weight data must be contiguous [rows, row_bytes] uint8");
   const bool known = blocks::with_decoder(type, [&](auto d) {
     using D = decltype(d);
-    TORCH_CHECK(cols > 0 && (D::kElementwise || cols % D::kQK == 0), "cols must be a multiple of ", D::kQK, " for ggml type ", type);
+    int64_t multiple = D::kQK;
+    if constexpr (blocks::kHasTail<D>) multiple = D::Tail::kQK;
+    TORCH_CHECK(cols > 0 && (D::kElementwise || cols % multiple == 0), "cols must be a multiple of ", multiple, " for ggml type ", type);
     TORCH_CHECK(data.size(1) == row_bytes<D>(cols), "row_bytes ", data.size(1), " does not match ", cols, " columns of ggml type ", type);
     fn(d);
   });

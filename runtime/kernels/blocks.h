@@ -5,6 +5,8 @@
 //   kQK       elements per block (32 for the elementwise types: a "block" is then 32 elements);
 //   kBytes    bytes per block;
 //   kElementwise  whether a row may end inside a block (F32/F16/BF16: tail of 16-wide steps);
+//   Tail      (only where declared: Q5_0Lanes) the decoder of a row's last cols % kQK elements,
+//             stored after its whole blocks as whole blocks of that format;
 //   State, prepare(b)  what a block's chunks share (its scales; for the 4- and 5-bit formats its
 //                 values as simd::Affine, a table on AVX-512), made once per block;
 //   chunk(s, b, c, w0, w1)  for c in [0, kQK / 32): the block's elements [32c, 32c + 16) and
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 namespace blocks {
@@ -114,6 +117,36 @@ using Q4_0 = Legacy<4, false, 2>;
 using Q4_1 = Legacy<4, true, 3>;
 using Q5_0 = Legacy<5, false, 6>;
 using Q5_1 = Legacy<5, true, 7>;
+
+// Q5_0 repacked into lanes: not a GGML type, the native backend's layout for Q5_0 matrices where the
+// AVX-512 kernels run (runtime/kernels/quant.py, to_lanes). Three blocks per 70-byte group: 64
+// bytes of quants, element 16f + i of the group (f = 0..5: block f / 2, half f % 2) in bits
+// 5f..5f+4 of little-endian uint32 lane i, then the three blocks' d (f16). A row's last one or two
+// blocks (cols % 96) stay Q5_0 blocks after its groups. One load holds six half-blocks' table
+// indices, and each half then costs one shift and one permute; Q5_0 spends a widening load, a
+// multishift, two merges and a shift per block besides its two permutes. Same tables, same values:
+// Q5_0's bits.
+struct Q5_0Lanes {
+  static constexpr int kType = 1006;  // 1000 + Q5_0's GGML id (quant.py: Q5_0_LANES)
+  static constexpr int64_t kQK = 96, kBytes = 70;
+  static constexpr bool kElementwise = false;
+  using Tail = Q5_0;
+  struct State { I q; };
+  static inline State prepare(const uint8_t* b) { return {load_u32(b)}; }
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const auto t = affine<5, 16, 0>(bcast(&kHalf.value[u16(b + 64 + 2 * c)]));
+    w0 = lookup(t, c == 0 ? s.q : srl(s.q, 10 * c));  // the index: bits 0..4 of the shifted lanes
+    w1 = lookup(t, srl(s.q, 10 * c + 5));
+  }
+};
+
+// Whether decoder D stores a row's last cols % kQK elements in another format (D::Tail).
+template <class D, class = void>
+struct HasTail : std::false_type {};
+template <class D>
+struct HasTail<D, std::void_t<typename D::Tail>> : std::true_type {};
+template <class D>
+constexpr bool kHasTail = HasTail<D>::value;
 
 // a shifted so that its bit `from` lands at bit `to` (the other bits move with it).
 inline I move_bit(I a, int from, int to) { return from > to ? srl(a, from - to) : from < to ? shl(a, to - from) : a; }
@@ -218,6 +251,7 @@ inline bool with_decoder(int64_t type, Fn&& fn) {
     case Q4_1::kType: fn(Q4_1{}); return true;
     case Q5_0::kType: fn(Q5_0{}); return true;
     case Q5_1::kType: fn(Q5_1{}); return true;
+    case Q5_0Lanes::kType: fn(Q5_0Lanes{}); return true;
     case Q4_K::kType: fn(Q4_K{}); return true;
     case Q5_K::kType: fn(Q5_K{}); return true;
     case Q6_K::kType: fn(Q6_K{}); return true;

@@ -51,10 +51,9 @@ struct Accumulators {
 };
 
 // Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x [N, cols],
-// added to acc. Every (r, b) pair has its own two accumulators, so each
-// output is summed in the order above whatever R and N are; R > 1 gives the core independent rows
-// to decode while FMAs wait. With prefetch_ahead, each block of the rows kPrefetchRows further on is
-// prefetched as this one is read.
+// added to acc. Every (r, b) pair has its own two accumulators, so each output is summed in the
+// order above whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait.
+// With prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is read.
 template <class D, int R, int N>
 inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
                             bool prefetch_ahead) {
@@ -88,9 +87,15 @@ inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
   acc = a;
 }
 
-// After the last block: the elementwise types' tail, then y[b * ys + r] = reduce(acc0 + acc1).
+// After the last whole block: the elementwise types' tail, or the blocks of a D::Tail, then
+// y[b * ys + r] = reduce(acc0 + acc1).
 template <class D, int R, int N>
 inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, float* y, int64_t ys) {
+  if constexpr (blocks::kHasTail<D>) {
+    using Tail = typename D::Tail;
+    const int64_t whole = cols / D::kQK;
+    if (cols % D::kQK) rows_dot_blocks<Tail, R, N>(acc, w + whole * D::kBytes, rb, x + whole * D::kQK, cols, 0, cols % D::kQK / Tail::kQK, false);
+  }
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
       SV_UNROLL
@@ -137,8 +142,8 @@ inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t 
 // Rows of w decoded to float32: out[r, :] = dequantize(row r).
 template <class D>
 void decode_row(const uint8_t* w, int64_t cols, float* out) {
-  const int64_t blocks = cols / D::kQK;
-  for (int64_t k = 0; k < blocks; ++k) {
+  const int64_t whole = cols / D::kQK;
+  for (int64_t k = 0; k < whole; ++k) {
     const uint8_t* block = w + k * D::kBytes;
     const auto state = D::prepare(block);
     SV_UNROLL
@@ -148,6 +153,9 @@ void decode_row(const uint8_t* w, int64_t cols, float* out) {
       store(out + k * D::kQK + 32 * c, w0);
       store(out + k * D::kQK + 32 * c + 16, w1);
     }
+  }
+  if constexpr (blocks::kHasTail<D>) {
+    if (cols % D::kQK) decode_row<typename D::Tail>(w + whole * D::kBytes, cols % D::kQK, out + whole * D::kQK);
   }
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {

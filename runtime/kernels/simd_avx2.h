@@ -72,6 +72,9 @@ inline I load_i8(const uint8_t* p) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
 }
+inline I load_u32(const uint8_t* p) {  // 16 little-endian 32-bit lanes
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+}
 inline I and_(I a, int m) { const __m256i v = _mm256_set1_epi32(m); return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)}; }
 inline I or_(I a, I b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
 inline I xor_(I a, int m) { const __m256i v = _mm256_set1_epi32(m); return {_mm256_xor_si256(a.lo, v), _mm256_xor_si256(a.hi, v)}; }

@@ -100,6 +100,7 @@ inline I as_int(V a) { return {_mm512_castps_si512(a.v)}; }  // the same bits
 inline V as_float(I a) { return {_mm512_castsi512_ps(a.v)}; }
 inline I load_u8(const uint8_t* p) { return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline I load_i8(const uint8_t* p) { return {_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
+inline I load_u32(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }  // 16 little-endian 32-bit lanes
 inline I and_(I a, int m) { return {_mm512_and_si512(a.v, _mm512_set1_epi32(m))}; }
 inline I or_(I a, I b) { return {_mm512_or_si512(a.v, b.v)}; }
 inline I xor_(I a, int m) { return {_mm512_xor_si512(a.v, _mm512_set1_epi32(m))}; }
@@ -131,6 +132,9 @@ inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) {
 // The value at q & 15 per lane: one vpermps (it reads the low 4 bits of each index).
 template <int Offset, int Min>
 inline V lookup(const Affine<4, Offset, Min>& a, I q) { return {_mm512_permutexvar_ps(q.v, a.lo.v)}; }
+// The value at q & 31 per lane: one two-table vpermt2ps (index bits 0..4).
+template <int Offset, int Min>
+inline V lookup(const Affine<5, Offset, Min>& a, I q) { return {_mm512_permutex2var_ps(a.lo.v, q.v, a.hi.v)}; }
 // The value at (q & 15) | (h & 16) per lane: one vpternlogd and one two-table vpermt2ps (index bits 0..4).
 template <int Offset, int Min>
 inline V lookup(const Affine<5, Offset, Min>& a, I q, I h) { return {_mm512_permutex2var_ps(a.lo.v, merge_bits(q, h, 15).v, a.hi.v)}; }

@@ -57,6 +57,7 @@ inline I as_int(V a) { I r; std::memcpy(r.v, a.v, sizeof(r.v)); return r; }  // 
 inline V as_float(I a) { V r; std::memcpy(r.v, a.v, sizeof(r.v)); return r; }
 inline I load_u8(const uint8_t* p) { I r; SV_LANES r.v[l] = p[l]; return r; }
 inline I load_i8(const uint8_t* p) { I r; SV_LANES r.v[l] = static_cast<int8_t>(p[l]); return r; }
+inline I load_u32(const uint8_t* p) { I r; std::memcpy(r.v, p, sizeof(r.v)); return r; }  // 16 little-endian 32-bit lanes
 inline I and_(I a, int m) { SV_LANES a.v[l] &= m; return a; }
 inline I or_(I a, I b) { SV_LANES a.v[l] |= b.v[l]; return a; }
 inline I xor_(I a, int m) { SV_LANES a.v[l] ^= m; return a; }
