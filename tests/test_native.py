@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as T
 
 from runtime.backends import BACKENDS, UnsupportedModel, choose_backend, native_unsupported
 from runtime.backends.decoder import PREFILL_CHUNK
+from runtime.backends.gguf_file import GGUFFile
 from runtime.backends.lean import lean_target
 from runtime.backends.native import native_target
 from factories import needs_compiled_kernels
@@ -128,6 +129,17 @@ def test_native_hidden_states_are_bit_identical_to_lean(tiny_pair) -> None:
     assert torch.equal(hidden_in_chunks(native, tokens, sizes), hidden_in_chunks(lean, tokens, sizes))
     short = [9, 1, 4, 1, 1, 8, 6]
     assert torch.equal(hidden_in_chunks(native, tokens, short), hidden_in_chunks(lean, tokens, short))
+
+
+def test_released_pages_read_back_the_same_bytes(tmp_path) -> None:
+    """A tensor copied into a lanes layout gives its mapped pages back; a later read maps the same bytes."""
+    model = tiny_model("qwen2")
+    write_gguf(model, tmp_path / "q.gguf", "qwen2")
+    file = GGUFFile(tmp_path / "q.gguf")
+    name = next(n for n, info in file.tensors.items() if info.ggml_type == T.Q5_0)
+    before = file.array(name).copy()
+    file.release(name)
+    assert np.array_equal(file.array(name), before)
 
 
 @needs_compiled_kernels

@@ -17,7 +17,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_name, linear, take_rows
 from runtime.kernels import build, quant
-from runtime.kernels.quant import Q5_0_LANES, SUPPORTED_GGML_TYPES, _dequantize_torch, kernel_layout, row_bytes, to_lanes
+from runtime.kernels.lanes import LANES_TYPES
+from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch, from_lanes, kernel_layout, row_bytes, to_lanes
 
 from factories import USER_CACHE, compiled_module, random_matrix
 
@@ -118,37 +119,43 @@ def test_compiled_paths_bit_identical(path: str) -> None:
         assert torch.equal(other.take_rows(w.data, int(t), w.cols, ids), active.take_rows(w.data, int(t), w.cols, ids)), t.name
 
 
-@pytest.mark.parametrize("cols", [96, 896, 160, 64, 2080])
-def test_lanes_layout_has_q5_0_values_and_bits(cols: int) -> None:
-    """Q5_0 repacked into lanes: whole 96-element groups plus a Q5_0 tail of 0, 1 or 2 blocks (896, 160,
-    64 elements; 2080: several prefill tile segments). Values, kernel outputs at n = 1..16 and a
-    prefill's rows are Q5_0's bits on the active path, and every compiled path gives the same bits."""
-    w = random_matrix(T.Q5_0, 37, cols, seed=cols)
-    lanes = to_lanes(w)
-    assert lanes.ggml_type == Q5_0_LANES and lanes.data.shape[1] == row_bytes(Q5_0_LANES, cols)
+LANES_CASES = [pytest.param(t, cols, id=f"{t.name}-{cols}") for t, cols in
+               [(T.Q5_0, 96), (T.Q5_0, 896), (T.Q5_0, 160), (T.Q5_0, 64), (T.Q5_0, 2080), (T.Q4_K, 512), (T.Q4_K, 2304), (T.Q6_K, 512), (T.Q6_K, 2304)]]
+
+
+@pytest.mark.parametrize("t, cols", LANES_CASES)
+def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
+    """Q5_0, Q4_K and Q6_K repacked into lanes (Q5_0: whole 96-element groups plus a tail of 0, 1 or 2
+    Q5_0 blocks; 2080 and 2304 columns: several prefill tile segments). The bytes unpack to the
+    file's; values, kernel outputs at n = 1..16 and a prefill's rows are the source type's bits on
+    the active path; every compiled path gives the same bits."""
+    w = random_matrix(t, 37, cols, seed=cols)
+    packed = to_lanes(w)
+    assert packed.ggml_type == LANES_TYPES[t] and packed.data.shape[1] == row_bytes(LANES_TYPES[t], cols)
+    assert torch.equal(from_lanes(packed).data, w.data)
     expected = reference(w)
-    assert torch.equal(_dequantize_torch(lanes.data, Q5_0_LANES, cols), expected)
-    assert torch.equal(dequantize(lanes), expected)
-    assert torch.equal(take_rows(lanes, torch.tensor([36, 0, 3])), expected[[36, 0, 3]])
+    assert torch.equal(_dequantize_torch(packed.data, packed.ggml_type, cols), expected)
+    assert torch.equal(dequantize(packed), expected)
+    assert torch.equal(take_rows(packed, torch.tensor([36, 0, 3])), expected[[36, 0, 3]])
     if kernel_name() == "torch":
         return
     x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))
     for n in [*range(1, SKINNY_MAX_ROWS + 1), x.shape[0]]:
-        assert torch.equal(linear(x[:n], lanes), linear(x[:n], w)), n
+        assert torch.equal(linear(x[:n], packed), linear(x[:n], w)), n
     active = build.active()[1]
     for path in build.runnable_paths():
         other = compiled_module(path)
         for n in (1, 3, 9):
-            assert torch.equal(other.quant_linear(x[:n], lanes.data, Q5_0_LANES, cols), active.quant_linear(x[:n], w.data, int(T.Q5_0), cols)), (path, n)
-        assert torch.equal(other.take_rows(lanes.data, Q5_0_LANES, cols, torch.arange(37)), expected), path
+            assert torch.equal(other.quant_linear(x[:n], packed.data, packed.ggml_type, cols), active.quant_linear(x[:n], w.data, int(t), cols)), (path, n)
+        assert torch.equal(other.take_rows(packed.data, packed.ggml_type, cols, torch.arange(37)), expected), path
 
 
-def test_kernel_layout_repacks_only_q5_0_on_avx512(monkeypatch) -> None:
+def test_kernel_layout_repacks_on_avx512_only(monkeypatch) -> None:
     q5, q8 = random_matrix(T.Q5_0, 4, 896), random_matrix(T.Q8_0, 4, 896)
     assert kernel_layout(q8) is q8
-    expected = Q5_0_LANES if kernel_name().startswith("avx512") else int(T.Q5_0)
+    expected = LANES_TYPES[T.Q5_0] if kernel_name().startswith("avx512") else int(T.Q5_0)
     assert kernel_layout(q5).ggml_type == expected
-    with pytest.raises(ValueError, match="repacks Q5_0 matrices, not Q8_0"):
+    with pytest.raises(ValueError, match="repacks Q5_0, Q4_K, Q6_K matrices, not Q8_0"):
         to_lanes(q8)
     monkeypatch.setattr(quant, "active", lambda: ("avx2", object()))
     assert kernel_layout(q5) is q5

@@ -118,36 +118,6 @@ using Q4_1 = Legacy<4, true, 3>;
 using Q5_0 = Legacy<5, false, 6>;
 using Q5_1 = Legacy<5, true, 7>;
 
-// Q5_0 repacked into lanes: not a GGML type, the native backend's layout for Q5_0 matrices where the
-// AVX-512 kernels run (runtime/kernels/quant.py, to_lanes). Three blocks per 70-byte group: 64
-// bytes of quants, element 16f + i of the group (f = 0..5: block f / 2, half f % 2) in bits
-// 5f..5f+4 of little-endian uint32 lane i, then the three blocks' d (f16). A row's last one or two
-// blocks (cols % 96) stay Q5_0 blocks after its groups. One load holds six half-blocks' table
-// indices, and each half then costs one shift and one permute; Q5_0 spends a widening load, a
-// multishift, two merges and a shift per block besides its two permutes. Same tables, same values:
-// Q5_0's bits.
-struct Q5_0Lanes {
-  static constexpr int kType = 1006;  // 1000 + Q5_0's GGML id (quant.py: Q5_0_LANES)
-  static constexpr int64_t kQK = 96, kBytes = 70;
-  static constexpr bool kElementwise = false;
-  using Tail = Q5_0;
-  struct State { I q; };
-  static inline State prepare(const uint8_t* b) { return {load_u32(b)}; }
-  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
-    const auto t = affine<5, 16, 0>(bcast(&kHalf.value[u16(b + 64 + 2 * c)]));
-    w0 = lookup(t, c == 0 ? s.q : srl(s.q, 10 * c));  // the index: bits 0..4 of the shifted lanes
-    w1 = lookup(t, srl(s.q, 10 * c + 5));
-  }
-};
-
-// Whether decoder D stores a row's last cols % kQK elements in another format (D::Tail).
-template <class D, class = void>
-struct HasTail : std::false_type {};
-template <class D>
-struct HasTail<D, std::void_t<typename D::Tail>> : std::true_type {};
-template <class D>
-constexpr bool kHasTail = HasTail<D>::value;
-
 // a shifted so that its bit `from` lands at bit `to` (the other bits move with it).
 inline I move_bit(I a, int from, int to) { return from > to ? srl(a, from - to) : from < to ? shl(a, to - from) : a; }
 
@@ -239,6 +209,76 @@ struct Q6_K {  // 128 bytes ql, 64 bytes qh, 16 int8 scales, d; 16 groups of 16:
   }
 };
 
+// The lanes layouts (runtime/kernels/lanes.py): not GGML types, what the native backend repacks Q5_0,
+// Q4_K and Q6_K matrices to where the AVX-512 kernels run. Element 16f + i of a 64-byte vector's
+// span sits in bits [width f, width (f + 1)) of its little-endian uint32 lane i, so a half-chunk's
+// quants are one shift of one load away; the file's formats widen bytes (and gather high bits)
+// first, on the port the table lookups need. Each decoder computes its source type's values in the
+// same operations, so the same bits.
+//
+// Field f of 16 (4-bit fields, elements 16f..16f+15) of the two nibble vectors at `lanes`, in bits
+// 0..3 of each lane (higher bits: garbage).
+inline I nibble_field(const uint8_t* lanes, int f) {
+  const I v = load_u32(lanes + 64 * (f >> 3));
+  return f & 7 ? srl(v, 4 * (f & 7)) : v;
+}
+
+// Q5_0 in lanes: three blocks per 70-byte group, 64 bytes of 5-bit fields (f = 2 * block + half),
+// then the three blocks' d; a row's last cols % 96 elements stay Q5_0 blocks. Per half-block one
+// shift and one permute (Q5_0: a widening load, a multishift, two merges and a shift per block
+// besides its two permutes).
+struct Q5_0Lanes {
+  static constexpr int kType = 1006;  // 1000 + Q5_0's GGML id (lanes.py: LANES_TYPES)
+  static constexpr int64_t kQK = 96, kBytes = 70;
+  static constexpr bool kElementwise = false;
+  using Tail = Q5_0;
+  struct State { I q; };
+  static inline State prepare(const uint8_t* b) { return {load_u32(b)}; }
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const auto t = affine<5, 16, 0>(bcast(&kHalf.value[u16(b + 64 + 2 * c)]));
+    w0 = lookup(t, c == 0 ? s.q : srl(s.q, 10 * c));  // the index: bits 0..4 of the shifted lanes
+    w1 = lookup(t, srl(s.q, 10 * c + 5));
+  }
+};
+
+// Q4_K in lanes: a super-block's 128 bytes of 4-bit fields, then its 16-byte header (d, dmin, scales).
+struct Q4_KLanes {
+  static constexpr int kType = 1012;
+  static constexpr int64_t kQK = 256, kBytes = 144;
+  static constexpr bool kElementwise = false;
+  using State = ScalesK4;
+  static inline State prepare(const uint8_t* b) { return scales_k4(b + 128); }
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const auto t = affine<4, 0, -1>(s.sc(c), s.mn(c));
+    w0 = lookup(t, nibble_field(b, 2 * c));
+    w1 = lookup(t, nibble_field(b, 2 * c + 1));
+  }
+};
+
+// Q6_K in lanes: the low nibbles as Q4_KLanes', then the high two bits XOR 2 (bits 2f..2f+1 of lane
+// i: element 16f + i), then Q6_K's 16 scales and d at its offsets (192, 208). Q6_K's arithmetic:
+// the 6-bit quant with its top bit flipped, shifted to bits 26..31, is (q - 32) * 2^26.
+struct Q6_KLanes {
+  static constexpr int kType = 1014;
+  static constexpr int64_t kQK = 256, kBytes = 210;
+  static constexpr bool kElementwise = false;
+  using State = ScalesK6;
+  static inline State prepare(const uint8_t* b) { return Q6_K::prepare(b); }
+  static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
+    const I high = load_u32(b + 128);
+    w0 = mul(bcast(s.scale + 2 * c), to_float(shl(merge_bits(nibble_field(b, 2 * c), move_bit(high, 4 * c, 4), 15), 26)));
+    w1 = mul(bcast(s.scale + 2 * c + 1), to_float(shl(merge_bits(nibble_field(b, 2 * c + 1), move_bit(high, 4 * c + 2, 4), 15), 26)));
+  }
+};
+
+// Whether decoder D stores a row's last cols % kQK elements in another format (D::Tail).
+template <class D, class = void>
+struct HasTail : std::false_type {};
+template <class D>
+struct HasTail<D, std::void_t<typename D::Tail>> : std::true_type {};
+template <class D>
+constexpr bool kHasTail = HasTail<D>::value;
+
 // Calls fn(D{}) with the decoder of ggml type `type`; false when the type is not supported.
 template <class Fn>
 inline bool with_decoder(int64_t type, Fn&& fn) {
@@ -252,6 +292,8 @@ inline bool with_decoder(int64_t type, Fn&& fn) {
     case Q5_0::kType: fn(Q5_0{}); return true;
     case Q5_1::kType: fn(Q5_1{}); return true;
     case Q5_0Lanes::kType: fn(Q5_0Lanes{}); return true;
+    case Q4_KLanes::kType: fn(Q4_KLanes{}); return true;
+    case Q6_KLanes::kType: fn(Q6_KLanes{}); return true;
     case Q4_K::kType: fn(Q4_K{}); return true;
     case Q5_K::kType: fn(Q5_K{}); return true;
     case Q6_K::kType: fn(Q6_K{}); return true;

@@ -16,33 +16,28 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from runtime.kernels import lanes
 from runtime.kernels.build import active
+from runtime.kernels.lanes import LANES_TYPES, SOURCE_TYPES, q5_quants
 
 T = GGMLQuantizationType
 SUPPORTED_GGML_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
-# Q5_0 repacked into lanes (Q5_0Lanes in blocks.h): no GGML type and never in a file, the layout the
-# native backend gives Q5_0 matrices where the AVX-512 kernels run (kernel_layout). Three blocks per
-# 70-byte group: 16 little-endian uint32 lanes, element 16f + i of the group in bits 5f..5f+4 of
-# lane i (f = 0..5), then the three blocks' d (f16); a row's last cols % 96 elements stay Q5_0 blocks.
-Q5_0_LANES = 1006
-_LANES_GROUP, _LANES_BYTES, _Q5_0_BYTES = 96, 70, 22
-_FIELD_SHIFTS = torch.arange(0, 30, 5, dtype=torch.int32).view(6, 1)  # field f at bit 5f
-KERNEL_TYPES = (*SUPPORTED_GGML_TYPES, Q5_0_LANES)
+KERNEL_TYPES = (*SUPPORTED_GGML_TYPES, *SOURCE_TYPES)  # and the lanes layouts the native backend repacks to
+_PACK_ROWS = 256  # rows per to_lanes step
 
 
 def type_name(ggml_type: int) -> str:
     """GGML type id -> its name ('Q4_K'), or the number when gguf-py does not know it."""
-    if ggml_type == Q5_0_LANES:
-        return "Q5_0 (lanes)"
+    if ggml_type in SOURCE_TYPES:
+        return f"{SOURCE_TYPES[ggml_type].name} (lanes)"
     return T(ggml_type).name if ggml_type in T._value2member_map_ else str(int(ggml_type))
 
 
 def row_bytes(ggml_type: int, cols: int) -> int:
     """Bytes of one row of `cols` elements; ValueError when cols is not a whole number of blocks."""
-    if ggml_type == Q5_0_LANES:
-        if cols <= 0 or cols % 32:
-            raise ValueError(f"a Q5_0 row holds a multiple of 32 elements, not {cols}")
-        return cols // _LANES_GROUP * _LANES_BYTES + cols % _LANES_GROUP // 32 * _Q5_0_BYTES
+    if ggml_type in SOURCE_TYPES:
+        row_bytes(SOURCE_TYPES[ggml_type], cols)  # the same whole-block rule
+        return lanes.row_bytes(ggml_type, cols)
     block, size = GGML_QUANT_SIZES[T(ggml_type)]
     if cols <= 0 or cols % block:
         raise ValueError(f"a {type_name(ggml_type)} row holds a multiple of {block} elements, not {cols}")
@@ -108,58 +103,37 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-def _q5_quants(b: torch.Tensor, off: int) -> torch.Tensor:
-    """Q5_0 / Q5_1 blocks [..., block bytes] (qh at byte off, nibbles after it) -> quants [..., 32] uint8 0..31."""
-    qh = b[..., off : off + 4].to(torch.int64)
-    qh = qh[..., 0:1] | qh[..., 1:2] << 8 | qh[..., 2:3] << 16 | qh[..., 3:4] << 24  # [..., 1]
-    high = ((qh >> torch.arange(32)) & 1).to(torch.uint8) << 4
-    return _nibbles(b[..., off + 4 :]) | high
-
-
 def to_lanes(w: QuantMatrix) -> QuantMatrix:
-    """A Q5_0 matrix repacked into Q5_0_LANES: the same values (so the same kernel bits), read faster."""
-    if w.ggml_type != T.Q5_0:
-        raise ValueError(f"to_lanes repacks Q5_0 matrices, not {type_name(w.ggml_type)}")
-    rows, groups = w.rows, w.cols // _LANES_GROUP
-    if groups == 0:  # only tail blocks: the same bytes
-        return QuantMatrix(w.data, Q5_0_LANES, w.rows, w.cols)
-    blocks = w.data.reshape(rows, -1, _Q5_0_BYTES)  # [rows, blocks, 22]
-    b = blocks[:, : 3 * groups]  # the whole groups' blocks; the rest stay as they are
-    q = _q5_quants(b, 2).to(torch.int32).view(rows, groups, 6, 16)  # [rows, groups, field, lane]
-    lanes = (q << _FIELD_SHIFTS).sum(2, dtype=torch.int32)  # [rows, groups, 16]: the fields' bits do not overlap
-    scales = b[..., :2].reshape(rows, groups, 6)  # the three blocks' d
-    packed = torch.cat([lanes.view(torch.uint8), scales], dim=-1).reshape(rows, groups * _LANES_BYTES)
-    data = torch.cat([packed, blocks[:, 3 * groups :].reshape(rows, -1)], dim=1)
-    return QuantMatrix(data, Q5_0_LANES, w.rows, w.cols)
+    """w (Q5_0, Q4_K or Q6_K) repacked into its lanes layout (runtime.kernels.lanes): the same values,
+    so the same kernel bits, with fewer instructions per weight on AVX-512."""
+    if w.ggml_type not in LANES_TYPES:
+        raise ValueError(f"to_lanes repacks {', '.join(t.name for t in LANES_TYPES)} matrices, not {type_name(w.ggml_type)}")
+    kind = LANES_TYPES[T(w.ggml_type)]
+    data = torch.empty(w.rows, lanes.row_bytes(kind, w.cols), dtype=torch.uint8)
+    for start in range(0, w.rows, _PACK_ROWS):  # a few rows at a time: small temporaries, which the heap gives back
+        data[start : start + _PACK_ROWS] = lanes.pack(w.data[start : start + _PACK_ROWS], w.ggml_type, w.cols)
+    return QuantMatrix(data, kind, w.rows, w.cols)
+
+
+def from_lanes(w: QuantMatrix) -> QuantMatrix:
+    """The GGML matrix a lanes-layout matrix was packed from, byte for byte."""
+    source = SOURCE_TYPES[w.ggml_type]
+    return QuantMatrix(lanes.unpack(w.data, w.ggml_type, w.cols), int(source), w.rows, w.cols)
 
 
 def kernel_layout(w: QuantMatrix) -> QuantMatrix:
-    """w in the layout the active kernels read fastest: a Q5_0 matrix in lanes (to_lanes) where an
-    AVX-512 path runs, else w itself. The values, and so every kernel output's bits, are the same."""
+    """w in the layout the active kernels read fastest: a Q5_0, Q4_K or Q6_K matrix in lanes (to_lanes)
+    where an AVX-512 path runs, else w itself. The values, and so every kernel output's bits, are the same."""
     path, ext = active()
-    if ext is None or not path.startswith("avx512") or w.ggml_type != T.Q5_0:
+    if ext is None or not path.startswith("avx512") or w.ggml_type not in LANES_TYPES:
         return w
     return to_lanes(w)
 
 
-def _lanes_dequantize(data: torch.Tensor, cols: int) -> torch.Tensor:
-    """Q5_0_LANES rows [rows, row_bytes] -> [rows, cols] float32: Q5_0's values, from the repacked quants."""
-    rows, groups = data.shape[0], cols // _LANES_GROUP
-    if groups == 0:  # only tail blocks
-        return _dequantize_torch(data, T.Q5_0, cols)
-    g = data[:, : groups * _LANES_BYTES].reshape(rows, groups, _LANES_BYTES)
-    lanes = g[..., :64].contiguous().view(torch.int32)  # [rows, groups, 16]
-    q = ((lanes.unsqueeze(2) >> _FIELD_SHIFTS) & 31).to(torch.uint8).reshape(rows, 3 * groups, 32)  # [rows, blocks, 32]
-    d = _f16(g[..., 64:].reshape(rows, 3 * groups, 2), 0)  # [rows, blocks, 1]
-    w = d * (q.to(torch.int8) - 16).float()  # Q5_0's operation
-    tail = _dequantize_torch(data[:, groups * _LANES_BYTES :], T.Q5_0, cols % _LANES_GROUP) if cols % _LANES_GROUP else None
-    return torch.cat([w.reshape(rows, -1), tail], dim=1) if tail is not None else w.reshape(rows, cols)
-
-
 def _dequantize_torch(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     """data [rows, row_bytes] uint8 -> [rows, cols] float32, gguf-py's numpy code op for op."""
-    if ggml_type == Q5_0_LANES:
-        return _lanes_dequantize(data, cols)
+    if ggml_type in SOURCE_TYPES:
+        return _dequantize_torch(lanes.unpack(data, ggml_type, cols), SOURCE_TYPES[ggml_type], cols)
     rows, t = data.shape[0], T(ggml_type)
     if t == T.F32:
         return data.view(torch.float32).clone()
@@ -175,7 +149,7 @@ def _dequantize_torch(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Te
     elif t == T.Q4_1:
         w = _f16(b, 0) * _nibbles(b[..., 4:]).float() + _f16(b, 2)
     elif t in (T.Q5_0, T.Q5_1):
-        q = _q5_quants(b, 2 if t == T.Q5_0 else 4)
+        q = q5_quants(b, 2 if t == T.Q5_0 else 4)
         w = _f16(b, 0) * (q.to(torch.int8) - 16).float() if t == T.Q5_0 else _f16(b, 0) * q.float() + _f16(b, 2)
     elif t in (T.Q4_K, T.Q5_K):
         sc, mn = _scale_min_k4(b[..., 4:16])
