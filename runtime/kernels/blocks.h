@@ -216,11 +216,16 @@ struct Q6_K {  // 128 bytes ql, 64 bytes qh, 16 int8 scales, d; 16 groups of 16:
 // first, on the port the table lookups need. Each decoder computes its source type's values in the
 // same operations, so the same bits.
 //
-// Field f of 16 (4-bit fields, elements 16f..16f+15) of the two nibble vectors at `lanes`, in bits
-// 0..3 of each lane (higher bits: garbage).
-inline I nibble_field(const uint8_t* lanes, int f) {
-  const I v = load_u32(lanes + 64 * (f >> 3));
-  return f & 7 ? srl(v, 4 * (f & 7)) : v;
+// Field f of Width bits at `lanes` (element 16f + i at bits [Width f, Width (f + 1)) of lane i's
+// value, whose 32-bit words are consecutive 64-byte vectors), in bits 0..Width-1 of each lane
+// (higher bits: garbage). f is a constant after unrolling, so the branches fold.
+template <int Width>
+inline I lane_field(const uint8_t* lanes, int f) {
+  const int bit = Width * f, word = bit / 32, off = bit % 32;
+  const I v = load_u32(lanes + 64 * word);
+  const I low = off ? srl(v, off) : v;
+  if (off + Width <= 32) return low;
+  return merge_bits(low, shl(load_u32(lanes + 64 * (word + 1)), 32 - off), (1 << (32 - off)) - 1);  // a straddling field
 }
 
 // Q5_0 in lanes: three blocks per 70-byte group, 64 bytes of 5-bit fields (f = 2 * block + half),
@@ -250,24 +255,33 @@ struct Q4_KLanes {
   static inline State prepare(const uint8_t* b) { return scales_k4(b + 128); }
   static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
     const auto t = affine<4, 0, -1>(s.sc(c), s.mn(c));
-    w0 = lookup(t, nibble_field(b, 2 * c));
-    w1 = lookup(t, nibble_field(b, 2 * c + 1));
+    w0 = lookup(t, lane_field<4>(b, 2 * c));
+    w1 = lookup(t, lane_field<4>(b, 2 * c + 1));
   }
 };
 
-// Q6_K in lanes: the low nibbles as Q4_KLanes', then the high two bits XOR 2 (bits 2f..2f+1 of lane
-// i: element 16f + i), then Q6_K's 16 scales and d at its offsets (192, 208). Q6_K's arithmetic:
-// the 6-bit quant with its top bit flipped, shifted to bits 26..31, is (q - 32) * 2^26.
+// Q6_K in lanes: 192 bytes of 6-bit quants, then Q6_K's 16 scales and d at its offsets (192, 208).
+// A quant needs no conversion: its 6 bits under 2^23's exponent bits are the float 2^23 + q, and
+// subtracting 2^23 + 32 leaves q - 32 exactly; times fl(d * sc): gguf-py's value. (On Ice Lake the
+// file's layout spent four port-0 operations per half-chunk: two shifts, the shift to bits 26..31
+// and the conversion; this spends one.)
 struct Q6_KLanes {
   static constexpr int kType = 1014;
   static constexpr int64_t kQK = 256, kBytes = 210;
   static constexpr bool kElementwise = false;
-  using State = ScalesK6;
-  static inline State prepare(const uint8_t* b) { return Q6_K::prepare(b); }
+  struct State { float scale[16]; };  // fl(d * sc) per group of 16
+  static inline State prepare(const uint8_t* b) {
+    State s;
+    store(s.scale, mul(set1(f16(b + 208)), to_float(load_i8(b + 192))));
+    return s;
+  }
+  static inline V value(const State& s, const uint8_t* b, int f) {
+    const V biased = as_float(merge_bits(lane_field<6>(b, f), as_int(set1(0x1p23f)), 63));  // 2^23 + q
+    return mul(bcast(s.scale + f), sub(biased, set1(0x1p23f + 32)));
+  }
   static inline void chunk(const State& s, const uint8_t* b, int c, V& w0, V& w1) {
-    const I high = load_u32(b + 128);
-    w0 = mul(bcast(s.scale + 2 * c), to_float(shl(merge_bits(nibble_field(b, 2 * c), move_bit(high, 4 * c, 4), 15), 26)));
-    w1 = mul(bcast(s.scale + 2 * c + 1), to_float(shl(merge_bits(nibble_field(b, 2 * c + 1), move_bit(high, 4 * c + 2, 4), 15), 26)));
+    w0 = value(s, b, 2 * c);
+    w1 = value(s, b, 2 * c + 1);
   }
 };
 

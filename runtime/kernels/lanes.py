@@ -3,8 +3,9 @@
 A GGML block stores its quants as bytes (nibbles, high bits apart), and the kernels widen them to
 16 int32 lanes before each table lookup or conversion: on AVX-512 that widening, and the shuffles
 that gather high bits, share one port with the lookups. A lanes layout stores the same quants
-pre-widened: a 64-byte vector is 16 little-endian uint32 lanes, and element 16f + i of the vector's
-span sits in bits [width * f, width * (f + 1)) of lane i, so field f is one shift of one load away.
+pre-widened: 16 lanes, each a value of W 32-bit words (word w of every lane in the w-th 64-byte
+vector, little-endian), element 16f + i of the span at bits [width * f, width * (f + 1)) of lane i,
+so field f is one shift of one load away (two, merged, where it straddles two words).
 Scales stay as the file has them. These are not GGML types and never reach a file: the native
 backend repacks a matrix once at load (quant.kernel_layout). `pack` and `unpack` are exact
 inverses on the bytes, and the kernels (blocks.h: Q5_0Lanes, Q4_KLanes, Q6_KLanes) compute the same
@@ -12,12 +13,10 @@ float values from either layout, so every output keeps its bits.
 
 - Q5_0 (1006): three blocks (96 elements) per 70-byte group: 64 bytes of 5-bit fields (six per lane,
   f = 2 * block + half), then the three d (f16). A row's last cols % 96 elements stay Q5_0 blocks.
-- Q4_K (1012): per 256-element super-block, 128 bytes of 4-bit fields (two vectors of eight fields
-  per lane: element 128 v + 16 k + i at nibble k of lane i of vector v), then the 16-byte header
-  (d, dmin, 12 bytes of packed scales). 144 bytes, as in the file.
-- Q6_K (1014): per super-block, the low nibbles as Q4_K's 128 bytes, then the high two bits of
-  element 16 f + i at bits 2f..2f+1 of lane i (XORed with 2, which makes the 6-bit quant minus 32 a
-  two's complement value), then the 16 int8 scales and d. 210 bytes, as in the file.
+- Q4_K (1012): per 256-element super-block, 128 bytes of 4-bit fields (16 per lane, two words),
+  then the 16-byte header (d, dmin, 12 bytes of packed scales). 144 bytes, as in the file.
+- Q6_K (1014): per super-block, 192 bytes of 6-bit quants (16 per lane, three words; fields 5 and
+  10 straddle), then the 16 int8 scales and d. 210 bytes, as in the file.
 """
 
 from __future__ import annotations
@@ -30,21 +29,32 @@ SOURCE_TYPES = {lanes: source for source, lanes in LANES_TYPES.items()}
 _GROUP, _GROUP_BYTES, _Q5_0_BYTES = 96, 70, 22  # Q5_0 lanes: elements and bytes per group; a Q5_0 block
 
 
-def _shifts(width: int, fields: int) -> torch.Tensor:
-    """Bit offsets of `fields` fields of `width` bits, shaped [fields, 1] to broadcast over 16 lanes."""
-    return torch.arange(0, width * fields, width, dtype=torch.int32).view(fields, 1)
-
-
 def _to_lanes(fields: torch.Tensor, width: int) -> torch.Tensor:
-    """fields [..., F, 16] (values < 2^width) -> [..., 64] bytes: field f at bits width * f of each uint32 lane."""
-    packed = (fields.to(torch.int32) << _shifts(width, fields.shape[-2])).sum(-2, dtype=torch.int32)  # [..., 16]
-    return packed.contiguous().view(torch.uint8)
+    """fields [..., F, 16] (values < 2^width) -> [..., 64 W] bytes: field f at bits [width f, width (f + 1))
+    of each lane's W-word value, word w (bits 32 w..) in the w-th 64-byte vector; a field may straddle two words."""
+    count = fields.shape[-2]
+    q = fields.to(torch.int64)
+    words = torch.zeros(*fields.shape[:-2], -(-width * count // 32), 16, dtype=torch.int64)
+    for f in range(count):
+        w, off = divmod(width * f, 32)
+        words[..., w, :] |= (q[..., f, :] << off) & 0xFFFFFFFF
+        if off + width > 32:
+            words[..., w + 1, :] |= q[..., f, :] >> (32 - off)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)  # the same 32 bits
+    return words.contiguous().view(torch.uint8).flatten(-2)
 
 
-def _from_lanes(data: torch.Tensor, width: int, fields: int) -> torch.Tensor:
-    """[..., 64] bytes -> fields [..., F, 16] uint8 (the inverse of _to_lanes)."""
-    lanes = data.contiguous().view(torch.int32).unsqueeze(-2)  # [..., 1, 16]
-    return ((lanes >> _shifts(width, fields)) & ((1 << width) - 1)).to(torch.uint8)
+def _from_lanes(data: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """[..., 64 W] bytes -> fields [..., count, 16] uint8 (the inverse of _to_lanes)."""
+    words = data.contiguous().view(torch.int32).unflatten(-1, (-1, 16)).to(torch.int64) & 0xFFFFFFFF  # [..., W, 16]
+    fields = []
+    for f in range(count):
+        w, off = divmod(width * f, 32)
+        value = words[..., w, :] >> off
+        if off + width > 32:
+            value = value | words[..., w + 1, :] << (32 - off)
+        fields.append(value & ((1 << width) - 1))
+    return torch.stack(fields, dim=-2).to(torch.uint8)
 
 
 def row_bytes(lanes_type: int, cols: int) -> int:
@@ -116,11 +126,9 @@ def pack(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     b = data.reshape(rows, cols // 256, -1)  # [rows, super-blocks, bytes]
     if ggml_type == T.Q4_K:
         nibbles = _k_nibble_order(b[..., 16:].unflatten(-1, (4, 32)))  # [rows, sb, 256]
-        parts = [_to_lanes(nibbles.view(rows, -1, 2, 8, 16), 4).flatten(-2), b[..., :16]]
+        parts = [_to_lanes(nibbles.view(rows, -1, 16, 16), 4), b[..., :16]]
     else:  # Q6_K
-        q = _q6_k_quants(b)  # [rows, sb, 256]
-        high = (q >> 4) ^ 2
-        parts = [_to_lanes((q & 0x0F).view(rows, -1, 2, 8, 16), 4).flatten(-2), _to_lanes(high.view(rows, -1, 16, 16), 2), b[..., 192:]]
+        parts = [_to_lanes(_q6_k_quants(b).view(rows, -1, 16, 16), 6), b[..., 192:]]
     return torch.cat(parts, dim=-1).reshape(rows, -1)
 
 
@@ -136,9 +144,8 @@ def unpack(data: torch.Tensor, lanes_type: int, cols: int) -> torch.Tensor:
         blocks = _q5_0_blocks(g[..., 64:].reshape(rows, 3 * groups, 2), q)
         return torch.cat([blocks.reshape(rows, -1), data[:, groups * _GROUP_BYTES :]], dim=1)
     b = data.reshape(rows, cols // 256, -1)
-    low = _from_lanes(b[..., :128].unflatten(-1, (2, 64)), 4, 8).flatten(-3)  # [rows, sb, 256]
     if lanes_type == LANES_TYPES[T.Q4_K]:
-        return torch.cat([b[..., 128:], _k_nibble_bytes(low)], dim=-1).reshape(rows, -1)
-    high = _from_lanes(b[..., 128:192], 2, 16).flatten(-2) ^ 2  # [rows, sb, 256]
-    ql, qh = _q6_k_bytes(low | high << 4)
+        nibbles = _from_lanes(b[..., :128], 4, 16).flatten(-2)  # [rows, sb, 256]
+        return torch.cat([b[..., 128:], _k_nibble_bytes(nibbles)], dim=-1).reshape(rows, -1)
+    ql, qh = _q6_k_bytes(_from_lanes(b[..., :192], 6, 16).flatten(-2))
     return torch.cat([ql, qh, b[..., 192:]], dim=-1).reshape(rows, -1)
