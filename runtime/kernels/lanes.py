@@ -22,7 +22,7 @@ float values from either layout, so every output keeps its bits.
 from __future__ import annotations
 
 import torch
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 LANES_TYPES = {T.Q5_0: 1006, T.Q4_K: 1012, T.Q6_K: 1014}  # GGML type -> its lanes layout (1000 + id)
 SOURCE_TYPES = {lanes: source for source, lanes in LANES_TYPES.items()}
@@ -61,7 +61,8 @@ def row_bytes(lanes_type: int, cols: int) -> int:
     """Bytes of one row of `cols` elements in a lanes layout (the same as the file's but for Q5_0's groups)."""
     if lanes_type == LANES_TYPES[T.Q5_0]:
         return cols // _GROUP * _GROUP_BYTES + cols % _GROUP // 32 * _Q5_0_BYTES
-    return cols // 256 * (144 if lanes_type == LANES_TYPES[T.Q4_K] else 210)
+    block, size = GGML_QUANT_SIZES[SOURCE_TYPES[lanes_type]]
+    return cols // block * size
 
 
 def q5_quants(blocks: torch.Tensor, qh_at: int) -> torch.Tensor:
@@ -75,26 +76,27 @@ def q5_quants(blocks: torch.Tensor, qh_at: int) -> torch.Tensor:
 
 
 def _q5_0_blocks(d: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """d [..., 2] bytes and quants [..., 32] -> Q5_0 blocks [..., 22] (the inverse of _q5_0_quants)."""
+    """d [..., 2] bytes and quants [..., 32] -> Q5_0 blocks [..., 22] (the inverse of q5_quants)."""
     high = ((q >> 4).to(torch.int64) << torch.arange(32)).sum(-1, keepdim=True)  # [..., 1]
     qh = torch.cat([(high >> s) & 0xFF for s in (0, 8, 16, 24)], dim=-1).to(torch.uint8)
     nibbles = (q[..., :16] & 0x0F) | (q[..., 16:] & 0x0F) << 4
     return torch.cat([d, qh, nibbles], dim=-1)
 
 
-def _k_nibble_order(qs: torch.Tensor) -> torch.Tensor:
-    """Q4_K / Q6_K-style quant bytes [..., 4, 32] (four 32-byte runs, low nibbles = sub-block 2r,
-    high = 2r + 1) -> low nibbles [..., 256] in element order."""
+def k_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """Q4_K / Q5_K quant bytes [..., 128] (four 32-byte runs, low nibbles = sub-block 2r, high = 2r + 1)
+    -> their nibbles [..., 256] in element order (gguf-py's)."""
+    qs = qs.unflatten(-1, (4, 32))
     return torch.stack([qs & 0x0F, qs >> 4], dim=-2).flatten(-3)  # [..., 4, 2, 32] -> 256
 
 
 def _k_nibble_bytes(nibbles: torch.Tensor) -> torch.Tensor:
-    """The inverse of _k_nibble_order: [..., 256] low nibbles -> [..., 128] bytes."""
+    """The inverse of k_nibbles: [..., 256] low nibbles -> [..., 128] bytes."""
     n = nibbles.unflatten(-1, (4, 2, 32))
     return (n[..., 0, :] | n[..., 1, :] << 4).flatten(-2)
 
 
-def _q6_k_quants(blocks: torch.Tensor) -> torch.Tensor:
+def q6_k_quants(blocks: torch.Tensor) -> torch.Tensor:
     """Q6_K blocks [..., 210] -> quants [..., 256] uint8 in 0..63 (element order; gguf-py's reshapes)."""
     ql, qh = blocks[..., 0:128], blocks[..., 128:192]
     lo = ql.unflatten(-1, (2, 1, 64)) >> torch.tensor([0, 4], dtype=torch.uint8)[:, None]  # [..., 2, 2, 64]
@@ -103,7 +105,7 @@ def _q6_k_quants(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _q6_k_bytes(q: torch.Tensor) -> torch.Tensor:
-    """The inverse of _q6_k_quants: quants [..., 256] -> ql [..., 128], qh [..., 64] bytes."""
+    """The inverse of q6_k_quants: quants [..., 256] -> ql [..., 128], qh [..., 64] bytes."""
     halves = q.unflatten(-1, (2, 4, 32))  # [..., half, k, 32]: element 128 h + 32 k + j
     lo, hi = halves & 0x0F, halves >> 4
     ql = torch.cat([lo[..., 0, :] | lo[..., 2, :] << 4, lo[..., 1, :] | lo[..., 3, :] << 4], dim=-1)  # [..., half, 64]
@@ -125,10 +127,10 @@ def pack(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
         return torch.cat([packed.reshape(rows, -1), blocks[:, 3 * groups :].reshape(rows, -1)], dim=1)
     b = data.reshape(rows, cols // 256, -1)  # [rows, super-blocks, bytes]
     if ggml_type == T.Q4_K:
-        nibbles = _k_nibble_order(b[..., 16:].unflatten(-1, (4, 32)))  # [rows, sb, 256]
+        nibbles = k_nibbles(b[..., 16:])  # [rows, sb, 256]
         parts = [_to_lanes(nibbles.view(rows, -1, 16, 16), 4), b[..., :16]]
     else:  # Q6_K
-        parts = [_to_lanes(_q6_k_quants(b).view(rows, -1, 16, 16), 6), b[..., 192:]]
+        parts = [_to_lanes(q6_k_quants(b).view(rows, -1, 16, 16), 6), b[..., 192:]]
     return torch.cat(parts, dim=-1).reshape(rows, -1)
 
 

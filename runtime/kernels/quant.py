@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from runtime.kernels import lanes
 from runtime.kernels.build import active
-from runtime.kernels.lanes import LANES_TYPES, SOURCE_TYPES, q5_quants
+from runtime.kernels.lanes import LANES_TYPES, SOURCE_TYPES, k_nibbles, q5_quants, q6_k_quants
 
 T = GGMLQuantizationType
 SUPPORTED_GGML_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -80,9 +80,6 @@ class QuantMatrix:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
-
-
-_SHIFT_4 = torch.tensor([0, 4], dtype=torch.uint8)  # low nibble, high nibble
 
 
 def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
@@ -156,17 +153,14 @@ def _dequantize_torch(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Te
         d = (_f16(b, 0) * sc.float())[..., None]  # [rows, blocks, 8, 1]
         dm = (_f16(b, 2) * mn.float())[..., None]
         qs = b[..., 16:] if t == T.Q4_K else b[..., 48:]
-        q = (qs.unflatten(-1, (4, 1, 32)) >> _SHIFT_4[:, None]).flatten(-3, -2) & 0x0F  # [rows, blocks, 8, 32]
+        q = k_nibbles(qs).unflatten(-1, (8, 32))  # [rows, blocks, 8, 32]
         if t == T.Q5_K:
             qh = b[..., 16:48].unsqueeze(-2) >> torch.arange(8, dtype=torch.uint8)[:, None]  # [rows, blocks, 8, 32]
             q = q | ((qh & 1) << 4)
         w = d * q.float() - dm
     elif t == T.Q6_K:
-        ql, qh = b[..., 0:128], b[..., 128:192]
         d = (_f16(b, 208) * b[..., 192:208].view(torch.int8).float())[..., None]  # [rows, blocks, 16, 1]
-        lo = ql.unflatten(-1, (2, 1, 64)) >> _SHIFT_4[:, None]  # [rows, blocks, 2, 2, 64]
-        hi = qh.unflatten(-1, (2, 1, 32)) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]  # [rows, blocks, 2, 4, 32]
-        q = ((lo & 0x0F).flatten(-3) | ((hi & 0x03).flatten(-3) << 4)).to(torch.int8) - 32  # [rows, blocks, 256]
+        q = q6_k_quants(b).to(torch.int8) - 32  # [rows, blocks, 256]
         w = d * q.unflatten(-1, (16, 16)).float()
     else:  # pragma: no cover - QuantMatrix refuses other types
         raise ValueError(f"tensor type {t.name} is not supported; use --backend lean")
