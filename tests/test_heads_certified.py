@@ -245,3 +245,13 @@ def test_greedy_near_tie_resolves_like_the_full_head():
     expected = FullHead(weight).select(hidden, SamplingParams())
     got = CertifiedHead(weight, None, screen_bound(head)).select(hidden, SamplingParams())
     assert torch.equal(got, expected)
+
+
+def test_tie_margins_from_the_screen_stage_are_the_computed_ones_rounded_up(tiny_head: TinyHead):
+    """The screen stage's |W_i| (float64 rounded up to float32) replaces dequantizing the head for the
+    near-tie margins: never below the computed ones, and at most a float32 step or two above."""
+    from_stage = CertifiedHead(tiny_head.weight, tiny_head.bias, screen_bound(tiny_head)).tie_coefficients
+    computed = CertifiedHead(tiny_head.weight, tiny_head.bias, cluster_bound(tiny_head)).tie_coefficients
+    assert bool((from_stage >= computed).all())
+    assert bool((from_stage <= computed * (1 + 2**-21)).all())
+    assert not torch.equal(from_stage, computed)  # the stage's norms are in use, not recomputed

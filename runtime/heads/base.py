@@ -54,6 +54,7 @@ class Bound(Protocol):
     """A sound bound family for CertifiedHead: screen (int8 copy + error radius) or cluster (CSV-Decode)."""
 
     name: str
+    row_norms: torch.Tensor | None  # [V] |W_i| rounded up to float32, where the bound's stage stores them
 
     def prepare(self, hidden: torch.Tensor):
         """Per-batch state for hidden states [B, d] (it keeps `hidden`)."""

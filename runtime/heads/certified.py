@@ -47,8 +47,10 @@ class CertifiedHead:
         self.vocab_size = weight.shape[0]
         self.stats = HeadStats(vocab_size=self.vocab_size)
         # Two float32 evaluations of one logit (ours on gathered rows, the full head's GEMV) differ by at
-        # most 2 gamma |W_i| |h|; a decision closer than that goes to the full head, so both agree.
-        self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * row_norms(weight)  # [V]
+        # most 2 gamma |W_i| |h|; a decision closer than that goes to the full head, so both agree. The
+        # screens' stages store |W_i| (rounded up: still sound), which saves dequantizing the head here.
+        norms = bound.row_norms if bound.row_norms is not None else row_norms(weight)  # [V]
+        self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * norms  # [V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full logits [B, V] (used by verifiers that need whole distributions)."""

@@ -67,6 +67,7 @@ class ClusterBound:
         self.directions = tensors["directions"].double()  # [C, d] unit vectors
         self.angular_radii = tensors["angular_radii"].double()  # [C]
         self.max_norms = tensors["max_norms"].double()  # [C]
+        self.row_norms = None  # the clusters stage stores no per-row norms
         self.bias_rest_max = tensors["bias_rest_max"].double() if bias is not None else None  # [C]
         self.bias_top_ids = tensors["bias_top_ids"].long() if bias is not None else None  # [C, m], -1 = none
         self.slack = dot_rounding_gamma(weight.shape[1]) * self.max_norms * (1 + 1e-6)  # [C]

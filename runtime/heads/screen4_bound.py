@@ -66,6 +66,7 @@ class Screen4Bound(ScreenBound):
         self.remainder_coefficients = round_up_to_float32(
             torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + FLOAT64_SLACK))  # [V]
         self.basis_frobenius = basis_frobenius
+        self.row_norms = tensors["row_norms"].float().contiguous()  # [V] |W_i|, rounded up
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod

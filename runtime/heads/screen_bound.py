@@ -64,6 +64,7 @@ class ScreenBound:
         scales: torch.Tensor,
         coefficients: torch.Tensor,
         qrow_norms: torch.Tensor,
+        row_norms: torch.Tensor | None = None,
     ) -> None:
         self.weight = weight  # [V, d] float32, the exact head
         self.bias = bias  # [V] or None
@@ -72,13 +73,14 @@ class ScreenBound:
         self.coefficients = coefficients.float()  # [V]
         self.qrow_norms = qrow_norms.float().contiguous()  # [V] |Q(W_i)|, rounded up
         self.remainder_coefficients = self.qrow_norms  # [V] the factor of the state's remainder_norm in the radius
+        self.row_norms = None if row_norms is None else row_norms.float().contiguous()  # [V] |W_i|, rounded up
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
     def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict) -> "ScreenBound":
         """Build from the tensors of an artifact's `screen` stage."""
         coef = screen_coefficients(tensors["error_norms"], tensors["qrow_norms"], tensors["row_norms"], weight.shape[1])
-        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef, tensors["qrow_norms"])
+        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef, tensors["qrow_norms"], tensors["row_norms"])
 
     def prepare(self, hidden: torch.Tensor) -> ScreenState:
         """Screen a batch of hidden states [B, d]."""
