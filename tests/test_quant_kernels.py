@@ -150,15 +150,18 @@ def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
         assert torch.equal(other.take_rows(packed.data, packed.ggml_type, cols, torch.arange(37)), expected), path
 
 
-def test_kernel_layout_repacks_on_avx512_only(monkeypatch) -> None:
+def test_kernel_layout_repacks_on_the_simd_paths_only(monkeypatch) -> None:
     q5, q8 = random_matrix(T.Q5_0, 4, 896), random_matrix(T.Q8_0, 4, 896)
     assert kernel_layout(q8) is q8
-    expected = LANES_TYPES[T.Q5_0] if kernel_name().startswith("avx512") else int(T.Q5_0)
+    expected = LANES_TYPES[T.Q5_0] if kernel_name() in ("avx512vbmi", "avx512", "avx2") else int(T.Q5_0)
     assert kernel_layout(q5).ggml_type == expected
     with pytest.raises(ValueError, match="repacks Q5_0, Q4_K, Q6_K matrices, not Q8_0"):
         to_lanes(q8)
     monkeypatch.setattr(quant, "active", lambda: ("avx2", object()))
-    assert kernel_layout(q5) is q5
+    assert kernel_layout(q5).ggml_type == LANES_TYPES[T.Q5_0]
+    for unpacked in (("portable", object()), ("torch", None)):
+        monkeypatch.setattr(quant, "active", lambda: unpacked)
+        assert kernel_layout(q5) is q5
 
 
 def test_thread_count_does_not_change_the_bits() -> None:

@@ -210,7 +210,7 @@ struct Q6_K {  // 128 bytes ql, 64 bytes qh, 16 int8 scales, d; 16 groups of 16:
 };
 
 // The lanes layouts (runtime/kernels/lanes.py): not GGML types, what the native backend repacks Q5_0,
-// Q4_K and Q6_K matrices to where the AVX-512 kernels run. Element 16f + i of a 64-byte vector's
+// Q4_K and Q6_K matrices to where the AVX-512 or AVX2 kernels run. Element 16f + i of a 64-byte vector's
 // span sits in bits [width f, width (f + 1)) of its little-endian uint32 lane i, so a half-chunk's
 // quants are one shift of one load away; the file's formats widen bytes (and gather high bits)
 // first, on the port the table lookups need. Each decoder computes its source type's values in the

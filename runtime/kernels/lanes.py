@@ -1,8 +1,8 @@
-"""Lanes layouts: GGML blocks rearranged so the AVX-512 kernels reach every quant with a shift.
+"""Lanes layouts: GGML blocks rearranged so the SIMD kernels reach every quant with a shift.
 
 A GGML block stores its quants as bytes (nibbles, high bits apart), and the kernels widen them to
-16 int32 lanes before each table lookup or conversion: on AVX-512 that widening, and the shuffles
-that gather high bits, share one port with the lookups. A lanes layout stores the same quants
+int32 lanes before each table lookup or conversion: on AVX-512 that widening, and the shuffles
+that gather high bits, share one port with the lookups (AVX2 reads a 64-byte vector as two halves). A lanes layout stores the same quants
 pre-widened: 16 lanes, each a value of W 32-bit words (word w of every lane in the w-th 64-byte
 vector, little-endian), element 16f + i of the span at bits [width * f, width * (f + 1)) of lane i,
 so field f is one shift of one load away (two, merged, where it straddles two words).

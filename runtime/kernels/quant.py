@@ -102,7 +102,7 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def to_lanes(w: QuantMatrix) -> QuantMatrix:
     """w (Q5_0, Q4_K or Q6_K) repacked into its lanes layout (runtime.kernels.lanes): the same values,
-    so the same kernel bits, with fewer instructions per weight on AVX-512."""
+    so the same kernel bits, with fewer instructions per weight on AVX-512 and AVX2."""
     if w.ggml_type not in LANES_TYPES:
         raise ValueError(f"to_lanes repacks {', '.join(t.name for t in LANES_TYPES)} matrices, not {type_name(w.ggml_type)}")
     kind = LANES_TYPES[T(w.ggml_type)]
@@ -118,11 +118,14 @@ def from_lanes(w: QuantMatrix) -> QuantMatrix:
     return QuantMatrix(lanes.unpack(w.data, w.ggml_type, w.cols), int(source), w.rows, w.cols)
 
 
+_LANES_PATHS = ("avx512vbmi", "avx512", "avx2")  # the paths that read lanes faster (portable: no gain, measured)
+
+
 def kernel_layout(w: QuantMatrix) -> QuantMatrix:
     """w in the layout the active kernels read fastest: a Q5_0, Q4_K or Q6_K matrix in lanes (to_lanes)
-    where an AVX-512 path runs, else w itself. The values, and so every kernel output's bits, are the same."""
+    where an AVX-512 or AVX2 path runs, else w itself. The values, and so every kernel output's bits, are the same."""
     path, ext = active()
-    if ext is None or not path.startswith("avx512") or w.ggml_type not in LANES_TYPES:
+    if ext is None or path not in _LANES_PATHS or w.ggml_type not in LANES_TYPES:
         return w
     return to_lanes(w)
 
