@@ -16,7 +16,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_name, linear, take_rows
-from runtime.kernels import build, quant
+from runtime.kernels import build, lanes, quant
 from runtime.kernels.lanes import LANES_TYPES
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch, from_lanes, kernel_layout, row_bytes, to_lanes
 
@@ -133,6 +133,7 @@ def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
     packed = to_lanes(w)
     assert packed.ggml_type == LANES_TYPES[t] and packed.data.shape[1] == row_bytes(LANES_TYPES[t], cols)
     assert torch.equal(from_lanes(packed).data, w.data)
+    assert torch.equal(lanes.pack(w.data, int(t), cols), packed.data)  # the torch reference pack, byte for byte
     expected = reference(w)
     assert torch.equal(_dequantize_torch(packed.data, packed.ggml_type, cols), expected)
     assert torch.equal(dequantize(packed), expected)
@@ -148,6 +149,7 @@ def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
         for n in (1, 3, 9):
             assert torch.equal(other.quant_linear(x[:n], packed.data, packed.ggml_type, cols), active.quant_linear(x[:n], w.data, int(t), cols)), (path, n)
         assert torch.equal(other.take_rows(packed.data, packed.ggml_type, cols, torch.arange(37)), expected), path
+        assert torch.equal(other.pack_lanes(w.data, int(t), cols, packed.data.shape[1]), packed.data), path
 
 
 def test_kernel_layout_repacks_on_the_simd_paths_only(monkeypatch) -> None:
@@ -157,8 +159,10 @@ def test_kernel_layout_repacks_on_the_simd_paths_only(monkeypatch) -> None:
     assert kernel_layout(q5).ggml_type == expected
     with pytest.raises(ValueError, match="repacks Q5_0, Q4_K, Q6_K matrices, not Q8_0"):
         to_lanes(q8)
-    monkeypatch.setattr(quant, "active", lambda: ("avx2", object()))
-    assert kernel_layout(q5).ggml_type == LANES_TYPES[T.Q5_0]
+    ext = build.active()[1]
+    if ext is not None:  # any compiled module packs; the path name decides
+        monkeypatch.setattr(quant, "active", lambda: ("avx2", ext))
+        assert kernel_layout(q5).ggml_type == LANES_TYPES[T.Q5_0]
     for unpacked in (("portable", object()), ("torch", None)):
         monkeypatch.setattr(quant, "active", lambda: unpacked)
         assert kernel_layout(q5) is q5
@@ -240,3 +244,14 @@ def test_real_tensors_bit_identical_to_gguf(name: str, tmp_path_factory) -> None
             for n in (1, 4, SKINNY_MAX_ROWS):
                 assert torch.equal(linear(x[:n], part), linear(x[:n], reference(part))), (info.name, n)
     assert seen or kernel_name() == "torch"
+
+
+def test_compiled_pack_refuses_other_types_and_wrong_sizes() -> None:
+    if kernel_name() == "torch":
+        pytest.skip("SPECVOCAB_KERNELS=torch: no compiled path")
+    ext = build.active()[1]
+    q8, q5 = random_matrix(T.Q8_0, 2, 64), random_matrix(T.Q5_0, 2, 96)
+    with pytest.raises(RuntimeError, match="repacks Q5_0, Q4_K and Q6_K, not ggml type 8"):
+        ext.pack_lanes(q8.data, int(T.Q8_0), 64, q8.data.shape[1])
+    with pytest.raises(RuntimeError, match="holds 70 bytes, not 66"):
+        ext.pack_lanes(q5.data, int(T.Q5_0), 96, 66)

@@ -1,6 +1,6 @@
 // The torch entry points of one path's module: checks, ggml-type dispatch, threads (gemm.h does the math).
 //
-// Include after simd_*.h, blocks.h and gemm.h (it brings in layer_ops.h and layer_plan.h).
+// Include after simd_*.h, blocks.h and gemm.h (it brings in lanes_pack.h, layer_ops.h and layer_plan.h).
 #pragma once
 
 #include <torch/extension.h>
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "lanes_pack.h"
 #include "layer_ops.h"
 
 namespace {
@@ -175,6 +176,7 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
   m.def("attend", &ops::attend, "attention of single queries over the cached keys each sees");                \
   m.def("softmax", &ops::softmax, "attention weights exp(s * scale - max) of each row, and their sums");     \
   m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix");                \
+  m.def("pack_lanes", &lanes_pack::pack_lanes, "Q5_0 / Q4_K / Q6_K rows repacked into their lanes layout");     \
   pybind11::class_<plan::LayerPlan>(m, "LayerPlan")                                                           \
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<std::vector<torch::Tensor>>, \
                           std::vector<std::vector<int64_t>>, std::vector<int64_t>, std::vector<torch::Tensor>, int64_t, \

@@ -7,8 +7,8 @@ pre-widened: 16 lanes, each a value of W 32-bit words (word w of every lane in t
 vector, little-endian), element 16f + i of the span at bits [width * f, width * (f + 1)) of lane i,
 so field f is one shift of one load away (two, merged, where it straddles two words).
 Scales stay as the file has them. These are not GGML types and never reach a file: the native
-backend repacks a matrix once at load (quant.kernel_layout). `pack` and `unpack` are exact
-inverses on the bytes, and the kernels (blocks.h: Q5_0Lanes, Q4_KLanes, Q6_KLanes) compute the same
+backend repacks a matrix once at load (quant.kernel_layout), with the compiled pack (lanes_pack.h)
+whose bytes `pack` here defines. `pack` and `unpack` are exact inverses on the bytes, and the kernels (blocks.h: Q5_0Lanes, Q4_KLanes, Q6_KLanes) compute the same
 float values from either layout, so every output keeps its bits.
 
 - Q5_0 (1006): three blocks (96 elements) per 70-byte group: 64 bytes of 5-bit fields (six per lane,
