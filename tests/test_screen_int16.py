@@ -19,12 +19,24 @@ from runtime.heads.screen_bound import _SLACK
 from runtime.kernels import build, screen_gemv_int16, screen_select
 
 
-def int16_module():
-    """The AVX-512 module, skipping (with the reason) where this CPU cannot run it."""
-    missing = build.missing_cpu_flags("avx512")
+INT16_PATHS = ["avx512", "avx2"]  # the compiled paths with an int16 screen
+
+
+def int16_module(path: str = "avx512"):
+    """The module of `path`, skipping (with the reason) where this CPU cannot run it."""
+    missing = build.missing_cpu_flags(path)
     if missing:
-        pytest.skip(f"the int16 screen is AVX-512 only; this CPU lacks {', '.join(missing)}")
-    return build.module("avx512")
+        pytest.skip(f"the {path} int16 screen cannot run here; this CPU lacks {', '.join(missing)}")
+    return build.module(path)
+
+
+def exact_centers(q: dict, hidden: torch.Tensor) -> torch.Tensor:
+    """The kernel's centers [B, V] from the reference split: exact int64 dots, then its two float32 roundings."""
+    rows = []
+    for h in hidden:
+        a, e = reference_split(h)
+        rows.append((q["qweight"].long() @ a).float() * q["scales"][:, 0] * 2.0**e)
+    return torch.stack(rows)
 
 
 def reference_split(h: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -51,9 +63,10 @@ def adversarial_hidden(d: int) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("vnni", [False, True], ids=["vpmaddwd", "vpdpwssd"])
-def test_int16_screen_is_the_exact_integer_dot_product(vnni: bool):
-    module = int16_module()
+@pytest.mark.parametrize("path, vnni", [("avx512", False), ("avx512", True), ("avx2", False)],
+                         ids=["avx512-vpmaddwd", "avx512-vpdpwssd", "avx2-vpmaddwd"])
+def test_int16_screen_is_the_exact_integer_dot_product(path: str, vnni: bool):
+    module = int16_module(path)
     if vnni and "avx512_vnni" not in build.cpu_flags():
         pytest.skip("this CPU does not report avx512_vnni")
     head = make_tiny_head(vocab=1027, dim=96, seed=5)  # 1027 rows: not a multiple of the kernel's row blocks
@@ -69,6 +82,41 @@ def test_int16_screen_is_the_exact_integer_dot_product(vnni: bool):
         r = hidden[row].double() - a.double() * 2.0**e  # exact in float64
         assert float(remainder[row]) >= float(r.norm())
         assert float(remainder[row]) <= float(r.norm()) * (1 + 1e-9) + 1e-300
+
+
+@pytest.mark.parametrize("path", INT16_PATHS)
+def test_whole_row_dots_past_int32_stay_exact(path: str):
+    """|<q, a>| reaches d * 128 * 32767: past 2^31 from d = 512 on (here 1024 columns of +-127 against a
+    constant row, 4.26e9). The int32 lanes cannot overflow, and their sum is taken in int64."""
+    module = int16_module(path)
+    d = 1024
+    qweight = torch.full((37, d), 127, dtype=torch.int8)
+    qweight[1] = -127
+    qweight[2, ::2] = -128
+    qweight[3] = torch.randint(-128, 128, (d,), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
+    q = {"qweight": qweight, "scales": torch.full((37, 1), 0.01)}
+    hidden = torch.stack([torch.full((d,), -3.5), torch.full((d,), 1.0), torch.randn(d, generator=torch.Generator().manual_seed(2))])
+    center, _ = module.screen_gemv_int16(q["qweight"], q["scales"], hidden, False)
+    assert torch.equal(center, exact_centers(q, hidden))
+    assert float(center[0, 0]) < -3e3  # the true sign: an int32 total wraps to +1260
+
+
+def test_the_avx2_screen_gives_the_avx512_bits():
+    avx2, avx512 = int16_module("avx2"), int16_module("avx512")
+    head = make_tiny_head(vocab=1027, dim=96, seed=5)
+    q = quantize_int8(head.weight, 0)
+    hidden = torch.cat([head.hidden, adversarial_hidden(96)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            a = avx2.screen_gemv_int16(q["qweight"], q["scales"], hidden, False)
+            b = avx512.screen_gemv_int16(q["qweight"], q["scales"], hidden, False)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RuntimeError, match="no VNNI path"):
+        avx2.screen_gemv_int16(q["qweight"], q["scales"], hidden, True)
 
 
 def test_both_instruction_paths_give_the_same_bits():

@@ -14,7 +14,7 @@ from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
 
 SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
-INT16_SCREEN_MAX_COLS = 8192  # screen_avx512.cpp's kMaxIntCols: int32 sums of int8 x int16 pairs cannot overflow
+INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
 
 
 def kernel_name() -> str:
@@ -88,16 +88,17 @@ def screen_gemv_int16(
     """The per-row int8 screen with each hidden row split exactly into int16 values plus a remainder.
 
     hidden [B, d] = 2^e_b a_b + r_b with a_b int16; returns (y [B, V] float32 = scale_i 2^e_b <q_i, a_b>,
-    |r_b| [B] float64 rounded up), the dot products exact in integers (vpdpwssd where the CPU reports
-    avx512_vnni, vpmaddwd otherwise). None where this path does not apply (no AVX-512 kernels,
-    grouped scales, d not a multiple of 32 or above 8192): use screen_gemv then.
+    |r_b| [B] float64 rounded up), the dot products exact in integers (vpdpwssd where an AVX-512 path
+    runs and the CPU reports avx512_vnni, vpmaddwd otherwise). None where this path does not apply
+    (no AVX-512 or AVX2 kernels, grouped scales, d not a multiple of 32 or above 8192): use screen_gemv then.
     """
-    ext = active()[1]
+    path, ext = active()
     d = qweight.shape[1]
     fits = scales.shape[1] == 1 and d % 32 == 0 and d <= INT16_SCREEN_MAX_COLS
     if ext is None or not hasattr(ext, "screen_gemv_int16") or not fits:
         return None
-    return ext.screen_gemv_int16(qweight, scales, hidden.float(), "avx512_vnni" in cpu_flags())
+    vnni = path.startswith("avx512") and "avx512_vnni" in cpu_flags()
+    return ext.screen_gemv_int16(qweight, scales, hidden.float(), vnni)
 
 
 def unpack_int4(codes: torch.Tensor, group: int) -> torch.Tensor:

@@ -1,8 +1,13 @@
 // The AVX2 path (AVX2 + FMA + F16C): the exact skinny GEMM over fp32 and ggml block weights,
-// bit-identical to the AVX-512 path (gemm.h).
+// bit-identical to the AVX-512 path (gemm.h), and the int16-split int8 screen (screen_avx2.cpp).
 #include "simd_avx2.h"
 #include "blocks.h"
 #include "gemm.h"
 #include "bindings.h"
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { SPECVOCAB_DEFINE_GEMM(m); }
+std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torch::Tensor scales, torch::Tensor h, bool vnni);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  SPECVOCAB_DEFINE_GEMM(m);
+  m.def("screen_gemv_int16", &screen_gemv_int16, "the int8 screen against int16-split activations, integer dots");
+}

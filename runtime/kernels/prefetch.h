@@ -1,5 +1,5 @@
 // How far ahead the weight-streaming kernels prefetch (simd::prefetch, into L2): one distance for
-// the exact GEMM (gemm.h) and the int8 screen (screen_avx512.cpp).
+// the exact GEMM (gemm.h) and the int8 screens (screen_avx512.cpp, int16_screen.h).
 #pragma once
 
 #include <cstdint>

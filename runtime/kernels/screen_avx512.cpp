@@ -191,93 +191,44 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
 
 namespace {
 
-// --- int16 activations: the screen in integer arithmetic -------------------------------------------
+// --- int16 activations: the screen in integer arithmetic (int16_screen.h) ----------------------------
 //
-// Each hidden row h is split exactly as h = 2^e * a + r with a int16 (|a| <= 32767, e the smallest
-// exponent that fits max |h|) and r the rounding remainder, |r_j| <= 2^(e - 1). Then
-// <s q, h> = s 2^e <q, a> + s <q, r>: the first term is an exact integer dot product (int8 x int16
-// pairs summed in int32; no overflow while d <= kMaxIntCols), the second is bounded by
-// |s q| |r|, which the caller adds to the radius. Two paths give the same integers: vpdpwssd
-// (AVX512-VNNI) where /proc/cpuinfo reports it, vpmaddwd + vpaddd (AVX512BW) elsewhere.
+// Two dot products give the same integers: vpdpwssd (AVX512-VNNI) where /proc/cpuinfo reports it,
+// vpmaddwd + vpaddd (AVX512BW) elsewhere.
 
-constexpr int64_t kMaxIntCols = 8192;  // d / 32 pair sums of <= 2 * 128 * 32767 < 2^23 per lane fit int32
-constexpr int kIntBatch = 8;  // hidden rows per pass
-constexpr int int_rows_for(int n) { return n <= 4 ? 4 : 2; }  // weight rows per pass: at most 16 accumulators
+template <bool Vnni>
+struct Avx512Dot {
+  static constexpr int kBatch = 8;  // hidden rows per pass
+  static constexpr int rows_for(int n) { return n <= 4 ? 4 : 2; }  // weight rows per pass: at most 16 accumulators
 
-// R int8 weight rows (stride d) against N int16 rows (stride d): exact int32 dots out[r * N + b].
-template <bool Vnni, int R, int N>
-inline void int_rows_dot(const int8_t* q, const int16_t* a, int64_t d, bool prefetch, int32_t* out) {
-  __m512i acc[R][N];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_si512();
-  for (int64_t j = 0; j < d; j += 32) {
-    if (prefetch && j % 64 == 0)
-      for (int r = 0; r < R; ++r) simd::prefetch(reinterpret_cast<const uint8_t*>(q + (kPrefetchRows + r) * d + j));
-    for (int r = 0; r < R; ++r) {
-      const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * d + j)));
-      for (int b = 0; b < N; ++b) acc[r][b] = dot_pairs<Vnni>(acc[r][b], w, _mm512_loadu_si512(a + b * d + j));
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < N; ++b) out[r * N + b] = _mm512_reduce_add_epi32(acc[r][b]);
-}
-
-// Weight rows [begin, end) against N hidden rows: y[b * V + i] = float(dot) * scale[i] * step[b].
-template <bool Vnni, int N>
-void int_rows_range(const int8_t* q, const float* scale, const int16_t* a, const float* step, int64_t d, int64_t V,
-                    int64_t begin, int64_t end, float* y) {
-  constexpr int R = int_rows_for(N);
-  int32_t dots[R * N];
-  int64_t i = begin;
-  for (; i + R <= end; i += R) {
-    int_rows_dot<Vnni, R, N>(q + i * d, a, d, i + kPrefetchRows + R <= end, dots);
+  // R int8 weight rows (stride d) against N int16 rows (stride d): exact dots out[r * N + b].
+  template <int R, int N>
+  static inline void rows(const int8_t* q, const int16_t* a, int64_t d, bool prefetch, int64_t* out) {
+    __m512i acc[R][N];
     for (int r = 0; r < R; ++r)
-      for (int b = 0; b < N; ++b) y[b * V + i + r] = static_cast<float>(dots[r * N + b]) * scale[i + r] * step[b];
+      for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < d; j += 32) {
+      if (prefetch && j % 64 == 0)
+        for (int r = 0; r < R; ++r) simd::prefetch(reinterpret_cast<const uint8_t*>(q + (kPrefetchRows + r) * d + j));
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * d + j)));
+        for (int b = 0; b < N; ++b) acc[r][b] = dot_pairs<Vnni>(acc[r][b], w, _mm512_loadu_si512(a + b * d + j));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < N; ++b) {  // the lanes summed in int64
+        const __m512i wide = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[r][b])),
+                                              _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[r][b], 1)));
+        out[r * N + b] = _mm512_reduce_add_epi64(wide);
+      }
   }
-  for (; i < end; ++i) {
-    int_rows_dot<Vnni, 1, N>(q + i * d, a, d, false, dots);
-    for (int b = 0; b < N; ++b) y[b * V + i] = static_cast<float>(dots[b]) * scale[i] * step[b];
-  }
-}
-
-// count (1..N) hidden rows: the largest instantiation that fits.
-template <bool Vnni, int N>
-void int_rows_batch(int64_t count, const int8_t* q, const float* scale, const int16_t* a, const float* step, int64_t d,
-                    int64_t V, int64_t begin, int64_t end, float* y) {
-  if constexpr (N > 1) {
-    if (count < N) return int_rows_batch<Vnni, N - 1>(count, q, scale, a, step, d, V, begin, end, y);
-  }
-  int_rows_range<Vnni, N>(q, scale, a, step, d, V, begin, end, y);
-}
+};
 
 }  // namespace
 
-// q: [V, d] int8 (d % 32 == 0, d <= 8192), scales: [V, 1] fp32, h: [B, d] fp32 ->
-// (y [B, V] fp32 = scale_i 2^e_b <q_i, a_b>, remainder_norm [B] float64 = |h_b - 2^e_b a_b|).
+// The int8 screen against int16-split rows (int16_screen.h), with vpdpwssd when `vnni`.
 std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torch::Tensor scales, torch::Tensor h, bool vnni) {
-  TORCH_CHECK(q.dtype() == torch::kInt8 && q.is_contiguous() && q.dim() == 2, "q must be contiguous [V, d] int8");
-  TORCH_CHECK(scales.dtype() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == q.size(0), "scales must be [V, 1] float32");
-  TORCH_CHECK(h.dtype() == torch::kFloat32 && h.dim() == 2 && h.size(1) == q.size(1), "h must be [B, d] float32");
-  const int64_t V = q.size(0), d = q.size(1), B = h.size(0);
-  TORCH_CHECK(d % 32 == 0 && d <= kMaxIntCols, "the int16 screen needs d % 32 == 0 and d <= ", kMaxIntCols);
-  h = h.contiguous();
-  std::vector<int16_t> a(static_cast<size_t>(B * d));
-  std::vector<float> step(static_cast<size_t>(B));
-  auto remainder = torch::empty({B}, torch::kFloat64);
-  for (int64_t b = 0; b < B; ++b)
-    step[b] = split_int16(h.data_ptr<float>() + b * d, d, a.data() + b * d, remainder.data_ptr<double>() + b);
-  auto y = torch::empty({B, V}, h.options());
-  const int8_t* qp = q.data_ptr<int8_t>();
-  const float* sp = scales.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, V, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t b0 = 0; b0 < B; b0 += kIntBatch) {
-      const int64_t count = std::min<int64_t>(kIntBatch, B - b0);
-      if (vnni) int_rows_batch<true, kIntBatch>(count, qp, sp, a.data() + b0 * d, step.data() + b0, d, V, begin, end, yp + b0 * V);
-      else int_rows_batch<false, kIntBatch>(count, qp, sp, a.data() + b0 * d, step.data() + b0, d, V, begin, end, yp + b0 * V);
-    }
-  });
-  return {y, remainder};
+  return vnni ? int16_screen<Avx512Dot<true>>(q, scales, h) : int16_screen<Avx512Dot<false>>(q, scales, h);
 }
 
 namespace {
