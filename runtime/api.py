@@ -183,10 +183,19 @@ class Engine:
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
-                "energy_counters": meter.description,
+                "energy_counters": meter.description, **_llamacpp_build(specs),
             },
             "methods": summarize(results, sampling),
         }
+
+
+def _llamacpp_build(specs: Sequence[MethodSpec]) -> dict:
+    """{"llamacpp_build": version and instruction sets} when llama.cpp is among the methods, else {}."""
+    if not any(spec.name == "llamacpp" for spec in specs):
+        return {}
+    from runtime.llamacpp import build_info
+
+    return {"llamacpp_build": build_info()}
 
 
 def peak_rss_mib() -> float:

@@ -89,6 +89,15 @@ def load_llama(gguf_path, context: int, threads: int):
                                   "check the llama-cpp-python build (README) or leave llamacpp out of --methods") from exc
 
 
+def build_info() -> str:
+    """llama-cpp-python's version and the instruction sets its llama.cpp was built for, e.g.
+    '0.3.36: CPU : SSE3 = 1 | ... | AVX2 = 1 | ...' (the bench records it beside llama.cpp's tok/s)."""
+    import llama_cpp
+
+    features = [part.strip() for part in llama_cpp.llama_print_system_info().decode(errors="replace").split("|")]
+    return f"{llama_cpp.__version__}: {' | '.join(part for part in features if part)}"
+
+
 class LlamaCppDecoder:
     """Plain decoding by llama.cpp: greedy (top-1) or its own sampler at the same temperature / top-k / top-p."""
 

@@ -59,4 +59,8 @@ def test_llamacpp_bench_row_on_real_smollm2(tmp_path) -> None:
     assert row["new_tokens"] > 0 and row["tokens_per_s"] > 0
     assert row["identical_to_greedy"] is None  # no identity claim for a method that is not exact
     assert row["identical_to_ar"] in (0.0, 0.5, 1.0)
+    import llama_cpp
+
+    build = record["setup"]["llamacpp_build"]  # which llama.cpp build the tok/s came from
+    assert build.startswith(f"{llama_cpp.__version__}: ") and " = 1" in build  # e.g. "AVX2 = 1"
     assert torch.get_num_threads() >= 1
