@@ -149,7 +149,7 @@ def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
         for n in (1, 3, 9):
             assert torch.equal(other.quant_linear(x[:n], packed.data, packed.ggml_type, cols), active.quant_linear(x[:n], w.data, int(t), cols)), (path, n)
         assert torch.equal(other.take_rows(packed.data, packed.ggml_type, cols, torch.arange(37)), expected), path
-        assert torch.equal(other.pack_lanes(w.data, int(t), cols, packed.data.shape[1]), packed.data), path
+        assert torch.equal(other.pack_lanes(w.data, int(t), cols), packed.data), path
 
 
 def test_kernel_layout_repacks_on_the_simd_paths_only(monkeypatch) -> None:
@@ -252,6 +252,8 @@ def test_compiled_pack_refuses_other_types_and_wrong_sizes() -> None:
     ext = build.active()[1]
     q8, q5 = random_matrix(T.Q8_0, 2, 64), random_matrix(T.Q5_0, 2, 96)
     with pytest.raises(RuntimeError, match="repacks Q5_0, Q4_K and Q6_K, not ggml type 8"):
-        ext.pack_lanes(q8.data, int(T.Q8_0), 64, q8.data.shape[1])
-    with pytest.raises(RuntimeError, match="holds 70 bytes, not 66"):
-        ext.pack_lanes(q5.data, int(T.Q5_0), 96, 66)
+        ext.pack_lanes(q8.data, int(T.Q8_0), 64)
+    with pytest.raises(RuntimeError, match="row_bytes 44 does not match 96 columns of ggml type 6"):
+        ext.pack_lanes(q5.data[:, :44].contiguous(), int(T.Q5_0), 96)
+    with pytest.raises(RuntimeError, match="cols must be a multiple of 32 for ggml type 6"):
+        ext.pack_lanes(q5.data, int(T.Q5_0), 95)

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "lanes_pack.h"
 #include "layer_ops.h"
 
 namespace {
@@ -163,6 +162,7 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
 }  // namespace gemm
 }  // namespace
 
+#include "lanes_pack.h"  // uses gemm::dispatch and gemm::row_bytes above
 #include "layer_plan.h"  // uses gemm::quant_linear_parts above
 
 // The functions every path's module defines.

@@ -1,6 +1,9 @@
 // Repacking GGML rows into the lanes layouts (runtime/kernels/lanes.py describes them; its torch
 // `pack` is the reference this must equal byte for byte). Scalar code: it runs once per matrix at
 // load, and its cost is reading the file's pages.
+//
+// Included by bindings.h after gemm::dispatch and gemm::row_bytes, whose checks and sizes it uses;
+// the block sizes are blocks.h's decoders'.
 #pragma once
 
 #include <torch/extension.h>
@@ -12,10 +15,10 @@
 namespace {
 namespace lanes_pack {
 
-constexpr int kQ5_0 = 6, kQ4_K = 12, kQ6_K = 14;          // the GGML ids packed
-constexpr int64_t kQ5_0Bytes = 22, kGroup = 96, kGroupBytes = 70;  // a Q5_0 block; a lanes group of three
+using blocks::Q5_0;
+using blocks::Q5_0Lanes;
 
-// Fields q[16 f + i] (f < count, values < 2^width) into `words` 32-bit words per lane: field f at bits
+// Fields q[16 f + i] (f < count, values < 2^width) into their 32-bit words per lane: field f at bits
 // [width f, width (f + 1)) of lane i's value, word w of every lane in the w-th 64-byte vector, little-endian.
 inline void put_fields(const uint8_t* q, int count, int width, uint8_t* out) {
   const int words = (width * count + 31) / 32;
@@ -39,18 +42,17 @@ inline void q5_0_quants(const uint8_t* b, uint8_t* q) {
   for (int j = 0; j < 32; ++j) q[j] = ((b[6 + j % 16] >> (j < 16 ? 0 : 4)) & 0x0F) | ((qh >> j) & 1) << 4;
 }
 
-// One row: Q5_0 groups of three blocks (64 bytes of fields, then the three d) and the tail blocks as they are.
-inline void pack_q5_0(const uint8_t* src, int64_t cols, uint8_t* dst) {
-  const int64_t groups = cols / kGroup;
-  uint8_t q[kGroup];
-  for (int64_t g = 0; g < groups; ++g, src += 3 * kQ5_0Bytes, dst += kGroupBytes) {
+// One Q5_0 row: groups of three blocks (64 bytes of fields, then the three d), and the tail blocks as they are.
+inline void pack_q5_0_row(const uint8_t* src, int64_t cols, uint8_t* dst) {
+  uint8_t q[Q5_0Lanes::kQK];
+  for (int64_t g = 0; g < cols / Q5_0Lanes::kQK; ++g, src += 3 * Q5_0::kBytes, dst += Q5_0Lanes::kBytes) {
     for (int k = 0; k < 3; ++k) {
-      q5_0_quants(src + k * kQ5_0Bytes, q + 32 * k);
-      std::memcpy(dst + 64 + 2 * k, src + k * kQ5_0Bytes, 2);
+      q5_0_quants(src + k * Q5_0::kBytes, q + 32 * k);
+      std::memcpy(dst + 64 + 2 * k, src + k * Q5_0::kBytes, 2);
     }
     put_fields(q, 6, 5, dst);
   }
-  std::memcpy(dst, src, static_cast<size_t>(cols % kGroup / 32 * kQ5_0Bytes));
+  std::memcpy(dst, src, static_cast<size_t>(cols % Q5_0Lanes::kQK / Q5_0::kQK * Q5_0::kBytes));
 }
 
 // One Q4_K super-block: 128 bytes of nibble fields (element 64 r + j: low nibble of qs[32 r + j],
@@ -79,28 +81,39 @@ inline void pack_q6_k(const uint8_t* b, uint8_t* dst) {
   std::memcpy(dst + 192, b + 192, 18);
 }
 
-// data [rows, row_bytes] uint8 in GGML `type` (Q5_0, Q4_K or Q6_K) -> [rows, out_bytes] in its lanes layout.
-torch::Tensor pack_lanes(torch::Tensor data, int64_t type, int64_t cols, int64_t out_bytes) {
-  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.dim() == 2 && data.is_contiguous(), "data must be contiguous [rows, row_bytes] uint8");
-  TORCH_CHECK(type == kQ5_0 || type == kQ4_K || type == kQ6_K, "pack_lanes repacks Q5_0, Q4_K and Q6_K, not ggml type ", type);
-  const int64_t block = type == kQ5_0 ? 32 : 256, block_bytes = type == kQ5_0 ? kQ5_0Bytes : type == kQ4_K ? 144 : 210;
-  TORCH_CHECK(cols > 0 && cols % block == 0 && data.size(1) == cols / block * block_bytes, "rows of ", data.size(1),
-              " bytes are not ", cols, " columns of ggml type ", type);
-  const int64_t expected = type == kQ5_0 ? cols / kGroup * kGroupBytes + cols % kGroup / 32 * kQ5_0Bytes : data.size(1);
-  TORCH_CHECK(out_bytes == expected, "a lanes row of ", cols, " columns of ggml type ", type, " holds ", expected, " bytes, not ", out_bytes);
-  auto out = torch::empty({data.size(0), out_bytes}, data.options());
+// Rows of `data` packed by pack_row(src, dst) into rows of lanes decoder L's size, rows in parallel.
+template <class L, class PackRow>
+torch::Tensor pack_rows(const torch::Tensor& data, int64_t cols, PackRow&& pack_row) {
+  const int64_t rb = data.size(1), ob = gemm::row_bytes<L>(cols);
+  auto out = torch::empty({data.size(0), ob}, data.options());
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  const int64_t rb = data.size(1);
   at::parallel_for(0, data.size(0), 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* s = src + r * rb;
-      uint8_t* d = dst + r * out_bytes;
-      if (type == kQ5_0) {
-        pack_q5_0(s, cols, d);
-      } else {
-        for (int64_t k = 0; k < cols / 256; ++k) (type == kQ4_K ? pack_q4_k : pack_q6_k)(s + k * block_bytes, d + k * block_bytes);
-      }
+    for (int64_t r = begin; r < end; ++r) pack_row(src + r * rb, dst + r * ob);
+  });
+  return out;
+}
+
+// One row of super-blocks (Q4_K, Q6_K: their lanes layouts keep the block size), each by pack_block.
+template <class D>
+inline void pack_super_blocks(const uint8_t* src, int64_t cols, uint8_t* dst, void (*pack_block)(const uint8_t*, uint8_t*)) {
+  for (int64_t k = 0; k < cols / D::kQK; ++k) pack_block(src + k * D::kBytes, dst + k * D::kBytes);
+}
+
+// data [rows, row_bytes] uint8 in GGML `type` (Q5_0, Q4_K or Q6_K; gemm::dispatch checks the rest) ->
+// the same rows in its lanes layout.
+torch::Tensor pack_lanes(torch::Tensor data, int64_t type, int64_t cols) {
+  TORCH_CHECK(type == Q5_0::kType || type == blocks::Q4_K::kType || type == blocks::Q6_K::kType,
+              "pack_lanes repacks Q5_0, Q4_K and Q6_K, not ggml type ", type);
+  torch::Tensor out;
+  gemm::dispatch(data, type, cols, [&](auto d) {
+    using D = decltype(d);
+    if constexpr (D::kType == Q5_0::kType) {
+      out = pack_rows<Q5_0Lanes>(data, cols, [&](const uint8_t* s, uint8_t* t) { pack_q5_0_row(s, cols, t); });
+    } else if constexpr (D::kType == blocks::Q4_K::kType) {
+      out = pack_rows<blocks::Q4_KLanes>(data, cols, [&](const uint8_t* s, uint8_t* t) { pack_super_blocks<D>(s, cols, t, pack_q4_k); });
+    } else if constexpr (D::kType == blocks::Q6_K::kType) {
+      out = pack_rows<blocks::Q6_KLanes>(data, cols, [&](const uint8_t* s, uint8_t* t) { pack_super_blocks<D>(s, cols, t, pack_q6_k); });
     }
   });
   return out;

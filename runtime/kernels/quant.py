@@ -106,11 +106,10 @@ def to_lanes(w: QuantMatrix) -> QuantMatrix:
     if w.ggml_type not in LANES_TYPES:
         raise ValueError(f"to_lanes repacks {', '.join(t.name for t in LANES_TYPES)} matrices, not {type_name(w.ggml_type)}")
     kind = LANES_TYPES[T(w.ggml_type)]
-    out_bytes = lanes.row_bytes(kind, w.cols)
     _, ext = active()
     if ext is not None:  # the compiled pack (lanes_pack.h): the torch one's bytes, ~20x faster
-        return QuantMatrix(ext.pack_lanes(w.data, int(w.ggml_type), w.cols, out_bytes), kind, w.rows, w.cols)
-    data = torch.empty(w.rows, out_bytes, dtype=torch.uint8)
+        return QuantMatrix(ext.pack_lanes(w.data, int(w.ggml_type), w.cols), kind, w.rows, w.cols)
+    data = torch.empty(w.rows, lanes.row_bytes(kind, w.cols), dtype=torch.uint8)
     for start in range(0, w.rows, _PACK_ROWS):  # a few rows at a time: small temporaries, which the heap gives back
         data[start : start + _PACK_ROWS] = lanes.pack(w.data[start : start + _PACK_ROWS], w.ggml_type, w.cols)
     return QuantMatrix(data, kind, w.rows, w.cols)
