@@ -19,7 +19,7 @@ from runtime.heads.screen_draft import ScreenDraftHead
 from runtime.methods import MethodSpec, parse_method
 from runtime.sampling import SamplingParams
 from runtime.session import Session
-from runtime.speculative import stream_speculative
+from runtime.speculative import DEFAULT_GAMMA, stream_speculative
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
 
@@ -162,8 +162,9 @@ def tree(session: Session, spec: MethodSpec) -> Streamer:
         drafter = SlotTrees(_backend_drafter(session, spec, head), k)
 
     def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
-        return stream_tree(session.target, head, drafter, prompt, n, params, generator, depth=spec.gamma,
-                           budget=budget, min_new_tokens=min_new_tokens, stop=stop)
+        depth = DEFAULT_GAMMA if spec.gamma is None else spec.gamma
+        return stream_tree(session.target, head, drafter, prompt, n, params, generator, depth=depth, budget=budget,
+                           min_new_tokens=min_new_tokens, stop=stop)
 
     return stream
 
@@ -178,7 +179,8 @@ def mjsd(session: Session, spec: MethodSpec) -> Streamer:
     drafts = BeamDrafts(_backend_drafter(session, spec, head), int(options["beam"]))
 
     def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
-        return stream_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=spec.gamma,
+        gamma = DEFAULT_GAMMA if spec.gamma is None else spec.gamma
+        return stream_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=gamma,
                            tau=float(options["tau"]), min_new_tokens=min_new_tokens, stop=stop)
 
     return stream

@@ -32,7 +32,7 @@ class MethodSpec:
     name: str  # the registered method that builds it
     head: str = "full"  # the target's head: full, csv:screen, csv:screen4 or csv:cluster
     drafter: DrafterSpec | None = None
-    gamma: int = 4  # tokens drafted per target forward (the starting value when adaptive)
+    gamma: int | None = None  # tokens drafted per target forward (the starting value when adaptive); None: the default
     adaptive: bool = False
     verifier: bool = True  # False: the drafter's backend decodes alone (its own text, not the target's)
     draft_head: str | None = None  # None: the drafter's registered head; "screen": the int8 screening copy
@@ -95,7 +95,7 @@ def canonical(spec: MethodSpec) -> str:
             return spec.name
         return spec.name if spec.name == "ar" and spec.backend is None else (
             f"ar:{spec.backend}" if spec.name == "ar" else spec.head)
-    options = [f"gamma={spec.gamma}"] + ["adaptive"] * spec.adaptive + ["no-verifier"] * (not spec.verifier)
+    options = [f"gamma={spec.gamma}"] * (spec.gamma is not None) + ["adaptive"] * spec.adaptive + ["no-verifier"] * (not spec.verifier)
     if spec.name == "screenspec":
         return ":".join(["screenspec", str(spec.drafter), *options])
     suffix = f"+{spec.head}" if spec.certified else ""

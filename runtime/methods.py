@@ -13,7 +13,9 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
                                                      continuations), depth G, N nodes
     mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G]          MJSD beam drafts (NOT distribution-preserving)
 
-DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Adding a method is one
+DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Without gamma=G, spec drafts 4 tokens
+per round (adapting within 1..8), or fewer where the verifier pays for fewer: 1 on the AVX2 kernels
+(runtime.kernels.PAYING_DRAFTS); trees and MJSD go 4 deep. Adding a method is one
 `register_method` call (name, parser, builder, help line, whether it preserves the target's
 distribution); the builders live in runtime.method_builders.
 """

@@ -23,6 +23,7 @@ from runtime.backends.base import TargetModel
 from runtime.verify import Verdict, verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
+DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer
 
 
 def verify_round(
@@ -63,11 +64,23 @@ def drop_banned(proposal: Proposal, ban: TokenBan, start: int) -> Proposal:
     return Proposal(proposal.tokens[: hits[0]]) if hits else proposal
 
 
-def next_gamma(gamma: int, verdict: Verdict) -> int:
-    """Adaptive draft length: one more after a fully accepted draft, one fewer after a rejection."""
+def draft_lengths(gamma: int | None, target: TargetModel) -> tuple[int, int]:
+    """(first draft length, most drafts per round): a gamma the method names, adapting within
+    1..MAX_GAMMA; without one, DEFAULT_GAMMA and MAX_GAMMA cut to what the target's verifier pays
+    for (TargetModel.paying_drafts)."""
+    if gamma is not None:
+        if not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+        return gamma, MAX_GAMMA
+    ceiling = min(target.paying_drafts or MAX_GAMMA, MAX_GAMMA)
+    return min(DEFAULT_GAMMA, ceiling), ceiling
+
+
+def next_gamma(gamma: int, verdict: Verdict, ceiling: int = MAX_GAMMA) -> int:
+    """Adaptive draft length: one more after a fully accepted draft (at most `ceiling`), one fewer after a rejection."""
     if verdict.drafted == 0:
         return gamma
-    return min(gamma + 1, MAX_GAMMA) if verdict.bonus else max(gamma - 1, 1)
+    return min(gamma + 1, ceiling) if verdict.bonus else max(gamma - 1, 1)
 
 
 def generate_speculative(*args, **kwargs) -> tuple[list[int], DecodeStats]:
@@ -83,12 +96,13 @@ def stream_speculative(
     max_new_tokens: int,
     params: SamplingParams = SamplingParams(),
     generator: torch.Generator | None = None,
-    gamma: int = 4,
+    gamma: int | None = None,
     adaptive: bool = False,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
 ) -> TokenStream:
-    """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward.
+    """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward (None:
+    the target's default, draft_lengths).
 
     prompt: [P] token ids. A token stream (runtime.decode): the new tokens (EOS included if
     produced), then the stats. The
@@ -98,8 +112,7 @@ def stream_speculative(
     stop: stop strings, checked after every appended token (accepted, recovered or bonus); the
     tokens end with the one that completes a stop string (included), as in generate_ar.
     """
-    if not 1 <= gamma <= MAX_GAMMA:
-        raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+    gamma, ceiling = draft_lengths(gamma, target)
 
     def begin(cache, ban: TokenBan, spec: SpecStats) -> Round:
         drafter.reset(prompt.tolist(), params, generator, ban)
@@ -118,7 +131,7 @@ def stream_speculative(
             spec.seconds_draft += (t1 - t0) + (time.perf_counter() - t2)
             spec.seconds_verify += t2 - t1
             if adaptive:
-                gamma = next_gamma(gamma, verdict)
+                gamma = next_gamma(gamma, verdict, ceiling)
             return verdict
 
         return one_round

@@ -5,6 +5,8 @@ EOS min-response guard.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -13,8 +15,9 @@ from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, LookupDrafter, NgramDrafter
 from runtime.methods import DrafterSpec, parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
-from runtime.speculative import generate_speculative, next_gamma
+from runtime.speculative import DEFAULT_GAMMA, MAX_GAMMA, draft_lengths, generate_speculative, next_gamma
 from runtime.backends.hf import TransformersTarget
+from runtime.backends.lean import lean_target
 from runtime.sampling import SamplingParams
 from runtime.verify import Verdict
 
@@ -296,11 +299,11 @@ def test_lookup_continuations_longest_match_first_newest_first_and_distinct():
 @pytest.mark.parametrize(
     "name, drafter, gamma, adaptive, head",
     [
-        ("spec:ngram", ("ngram", ()), 4, False, "full"),
-        ("spec:ngram+csv", ("ngram", ()), 4, False, "csv:screen"),
-        ("spec:layers:2+csv", ("layers", ("2",)), 4, False, "csv:screen"),
+        ("spec:ngram", ("ngram", ()), None, False, "full"),
+        ("spec:ngram+csv", ("ngram", ()), None, False, "csv:screen"),
+        ("spec:layers:2+csv", ("layers", ("2",)), None, False, "csv:screen"),
         ("spec:layers:2:gamma=6:adaptive+csv", ("layers", ("2",)), 6, True, "csv:screen"),
-        ("spec:ngram:3+csv:cluster", ("ngram", ("3",)), 4, False, "csv:cluster"),
+        ("spec:ngram:3+csv:cluster", ("ngram", ("3",)), None, False, "csv:cluster"),
     ],
 )
 def test_bench_spec_arguments(name, drafter, gamma, adaptive, head):
@@ -313,4 +316,36 @@ def test_adaptive_gamma_steps_and_bounds():
     assert next_gamma(4, Verdict(4, 1, [0] * 2)) == 3
     assert next_gamma(8, Verdict(8, 8, [0] * 9)) == 8
     assert next_gamma(1, Verdict(1, 0, [0])) == 1
-    assert next_gamma(3, Verdict(0, 0, [0])) == 3  # nothing drafted: nothing learned
+    assert next_gamma(2, Verdict(2, 2, [0] * 3), ceiling=2) == 2
+
+
+def test_a_named_gamma_is_kept_and_the_default_follows_what_the_verifier_pays_for():
+    def target(paying):
+        return SimpleNamespace(paying_drafts=paying)
+
+    assert draft_lengths(None, target(None)) == (DEFAULT_GAMMA, MAX_GAMMA)
+    assert draft_lengths(None, target(1)) == (1, 1)
+    assert draft_lengths(None, target(6)) == (DEFAULT_GAMMA, 6)
+    assert draft_lengths(None, target(20)) == (DEFAULT_GAMMA, MAX_GAMMA)
+    assert draft_lengths(6, target(1)) == (6, MAX_GAMMA)  # the method named it: the verifier's limit does not apply
+    with pytest.raises(ValueError, match="1..8"):
+        draft_lengths(9, target(None))
+
+
+def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch: pytest.MonkeyPatch):
+    """On the AVX2 path a spec method without gamma=G drafts at most one token per round, adaptive or
+    not; a named gamma and the other paths draft longer. Outputs stay generate_ar's."""
+    import runtime.kernels as kernels
+
+    target = lean_target(tiny_model, set())
+    head = full_head(target)
+    prompt = torch.tensor(PROMPTS["repetitive"])  # the n-gram drafter always finds a match here
+    reference = generate_ar(target, head, prompt, NEW_TOKENS)[0]
+    for path, gamma, adaptive, capped in [("avx2", None, False, True), ("avx2", None, True, True), ("avx2", 3, False, False),
+                                          ("avx512", None, False, False)]:
+        monkeypatch.setattr(kernels, "kernel_name", lambda path=path: path)
+        assert target.paying_drafts == kernels.PAYING_DRAFTS.get(path)
+        tokens, stats = generate_speculative(target, head, NgramDrafter(), prompt, NEW_TOKENS, gamma=gamma, adaptive=adaptive)
+        assert tokens == reference
+        longest = len(stats.spec.drafted_per_position)  # the most tokens any round drafted
+        assert longest == 1 if capped else longest > 1, (path, gamma, adaptive, longest)

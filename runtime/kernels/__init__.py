@@ -15,11 +15,23 @@ from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize,
 
 SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
+# The most drafts per verify round worth their rows on a kernel path, where that is fewer than the
+# methods' default (runtime.speculative.DEFAULT_GAMMA). AVX2 keeps three rows' accumulators in its 16
+# ymm registers and screens the head with 256-bit multiply-adds: on qwen2.5-coder (native, certified
+# head, 1 thread) a second row costs 1.11x a one-row verify, a third 1.54x, a fourth 2.41x (a second
+# pass over the weights), and spec:lookup+csv gained 1.26x over ar at one draft per round against
+# 1.19x at two and 1.08x at four (README, "the AVX2 path").
+PAYING_DRAFTS = {"avx2": 1}
 
 
 def kernel_name() -> str:
     """The kernel path in use: 'avx512vbmi', 'avx512', 'avx2', 'portable' (compiled, bit-identical) or 'torch'."""
     return active()[0]
+
+
+def paying_drafts() -> int | None:
+    """The most drafts per verify round worth their rows on the kernel path in use (None: no limit of its own)."""
+    return PAYING_DRAFTS.get(kernel_name())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
