@@ -32,7 +32,7 @@ from runtime.drafters.beam import BeamDraft, beam_search
 from runtime.drafters.layers import BackendDrafter
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, warp
 from runtime.decode import TokenStream, drive
-from runtime.speculative import Round, stream_rounds
+from runtime.speculative import DEFAULT_GAMMA, Round, stream_rounds
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
@@ -107,7 +107,7 @@ def stream_mjsd(
     max_new_tokens: int,
     params: SamplingParams = SamplingParams(),
     generator: torch.Generator | None = None,
-    gamma: int = 4,
+    gamma: int = DEFAULT_GAMMA,
     tau: float = DEFAULT_TAU,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,

@@ -27,7 +27,7 @@ from runtime.drafters.onedecode import OneDecodeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
 from runtime.decode import TokenStream, drive
-from runtime.speculative import Round, stream_rounds
+from runtime.speculative import DEFAULT_GAMMA, Round, stream_rounds
 from runtime.stats import DecodeStats, SpecStats
 from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
@@ -205,7 +205,7 @@ def stream_tree(
     max_new_tokens: int,
     params: SamplingParams = SamplingParams(),
     generator: torch.Generator | None = None,
-    depth: int = 4,
+    depth: int = DEFAULT_GAMMA,
     budget: int = 16,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,

@@ -316,6 +316,7 @@ def test_adaptive_gamma_steps_and_bounds():
     assert next_gamma(4, Verdict(4, 1, [0] * 2)) == 3
     assert next_gamma(8, Verdict(8, 8, [0] * 9)) == 8
     assert next_gamma(1, Verdict(1, 0, [0])) == 1
+    assert next_gamma(3, Verdict(0, 0, [0])) == 3  # nothing drafted: nothing learned
     assert next_gamma(2, Verdict(2, 2, [0] * 3), ceiling=2) == 2
 
 
@@ -348,4 +349,4 @@ def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch
         tokens, stats = generate_speculative(target, head, NgramDrafter(), prompt, NEW_TOKENS, gamma=gamma, adaptive=adaptive)
         assert tokens == reference
         longest = len(stats.spec.drafted_per_position)  # the most tokens any round drafted
-        assert longest == 1 if capped else longest > 1, (path, gamma, adaptive, longest)
+        assert (longest == 1) if capped else (longest > 1), (path, gamma, adaptive, longest)
