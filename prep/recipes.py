@@ -48,6 +48,9 @@ class Screen4Recipe:
     # 6.0 at 32; one float scaling per 64 columns, 0.56 bytes per weight)
     group: int = 64
     texts: int = 48  # ShareGPT train-split conversations (<= 256 tokens each) the basis comes from
+    # whether `prep all` builds it: false where +csv:screen4 loses to +csv, so that `runtime generate`'s
+    # default method (the best bound the artifact has) does not pick it (`prep screen4` still builds it)
+    in_all: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def _section(defaults, table: dict[str, Any], where: str):
         if key not in known:
             raise RecipeError(f"{where}: unknown key {key!r}; valid keys: {', '.join(known)}")
         allowed = tuple(getattr(hints[key], "__args__", (hints[key],)))
-        if isinstance(value, bool) or not isinstance(value, allowed):
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):  # True is an int too
             kinds = " or ".join(t.__name__ for t in allowed)
             raise RecipeError(f"{where}: {key} = {value!r} should be {kinds}")
     return dataclasses.replace(defaults, **table)

@@ -25,7 +25,7 @@ import torch
 
 from runtime.decode import TokenStream
 from runtime.method_builders import Method, build_method
-from runtime.methods import MethodSpec, parse_method
+from runtime.methods import MethodSpec, default_method, parse_method
 from runtime.prompting import encode_prompt
 from runtime.sampling import SamplingParams
 from runtime.session import Session, open_session
@@ -69,6 +69,11 @@ class Engine:
             self._methods[spec] = build_method(self.session, spec)
         return self._methods[spec]
 
+    def default_method(self) -> MethodSpec:
+        """The method generate runs when none is named: the fastest exact one this artifact and CPU
+        allow (runtime.methods.default_method)."""
+        return default_method(self.session.best_bound())
+
     @property
     def context_length(self) -> int | None:
         """The model's context in tokens (its config's max_position_embeddings; None if it has none)."""
@@ -109,7 +114,7 @@ class Engine:
     def generate(
         self,
         prompt: str | Sequence[int] | torch.Tensor,
-        method: str | MethodSpec = "csv",
+        method: str | MethodSpec | None = None,
         sampling: SamplingParams = SamplingParams(),
         max_new_tokens: int = 128,
         chat: bool = False,
@@ -117,7 +122,8 @@ class Engine:
         stop: Sequence[str] = (),
         seed: int = 0,
     ) -> "Generation":
-        """Start decoding `prompt` with `method`; iterate the result for token ids as they are appended.
+        """Start decoding `prompt` with `method` (None: default_method()); iterate the result for token ids
+        as they are appended.
 
         min_response_tokens: with chat, no EOS among the first that many response tokens (0 = off).
         stop: end once the response contains one of these strings (kept in the output).
@@ -126,7 +132,7 @@ class Engine:
             raise ValueError("min_response_tokens must be >= 0")
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
-        run = self.method(method)
+        run = self.method(self.default_method() if method is None else method)
         ids = self.encode(prompt, chat)
         room, note = self.room(ids.numel()), None
         if max_new_tokens > room:  # the prompt plus the new tokens stay within the context

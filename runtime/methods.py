@@ -4,8 +4,8 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
 
     ar | ar:BACKEND                                  plain decoding (ar:transformers: on transformers' forward)
     llamacpp                                         llama.cpp's plain decoding of the same GGUF (a reference)
-    csv | csv:screen | csv:cluster                   the certified head (CSV-Decode)
-    spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|cluster]]
+    csv | csv:screen | csv:screen4 | csv:cluster     the certified head (CSV-Decode and our screens)
+    spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|screen4|cluster]]
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
     screenspec:layers:N[:gamma=G][:adaptive]         layers:N drafting with the int8 screening head
     swarm:onedecode:K | swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]]
@@ -29,6 +29,15 @@ from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
 from runtime.method_spec import HEADS, METHODS, DrafterSpec, MethodEntry, MethodSpec, canonical, register_method
 
 MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA (runtime.speculative checks it too)
+DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "
+                       "spec:lookup+csv, else spec:lookup")
+
+
+def default_method(bound: str | None) -> MethodSpec:
+    """The method run when none is named: the lookup drafter (the fastest drafter on every packaged
+    model, README "Results") verified through the certified head with `bound` (screen4 or screen), or
+    through the full head when the artifact has no screening stage (bound None)."""
+    return parse_method(f"spec:lookup+csv:{bound}" if bound else "spec:lookup")
 
 
 def methods_help() -> str:

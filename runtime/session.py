@@ -48,6 +48,13 @@ class Session:
             self._screen_bound = ScreenBound.from_stage(self.target.head_weight, self.target.head_bias, tensors)
         return self._screen_bound
 
+    def best_bound(self) -> str | None:
+        """The certified head's fastest bound this artifact and CPU allow: screen4 (its stage and the
+        AVX-512 kernels), else screen (its stage), else None."""
+        if self.artifact.has_stage(Stage.SCREEN4) and has_screen4_kernel():
+            return "screen4"
+        return "screen" if self.artifact.has_stage(Stage.SCREEN) else None
+
     def certified_head(
         self, bound: str = "screen", max_open_fraction: float = 0.25, adaptive_budget: bool = False
     ) -> CertifiedHead:

@@ -148,6 +148,37 @@ def test_prep_screen4_adds_its_stage_and_csv_screen4_prints_what_ar_prints(tiny_
     assert outputs["ar"].strip() and outputs["csv:screen4"] == outputs["ar"] == outputs["spec:ngram+csv:screen4"]
 
 
+def test_generate_without_a_method_runs_the_fastest_exact_one(tiny_model_dir: Path, artifact_copy: Path, monkeypatch):
+    """No --method: spec:lookup verified through the best screen the artifact and CPU allow; ar's text."""
+    prompt = ["--prompt", "hi w5 w9 hi w5 w9", "--max-new-tokens", 8]
+    reference = invoke(runtime_main, ["generate", artifact_copy, "--method", "ar", *prompt]).stdout
+    assert reference.strip(), "the tiny model produced no text: the comparison tests nothing"
+    labels = {}
+    for case in ("int8 screen", "screen4", "screen4, no kernel"):
+        if case == "screen4":
+            assert invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--texts", 2]).exit_code == 0
+        if case == "screen4, no kernel":
+            monkeypatch.setattr("runtime.session.has_screen4_kernel", lambda: False)
+        run = invoke(runtime_main, ["generate", artifact_copy, *prompt])
+        assert run.exit_code == 0, run.output
+        assert run.stdout == reference
+        labels[case] = run.stderr.split("]")[0] + "]"
+    from runtime.kernels import has_screen4_kernel
+
+    assert labels == {"int8 screen": "[spec:lookup+csv:screen]", "screen4, no kernel": "[spec:lookup+csv:screen]",
+                      "screen4": "[spec:lookup+csv:screen4]" if has_screen4_kernel() else "[spec:lookup+csv:screen]"}
+
+
+def test_prep_all_leaves_out_screen4_where_the_recipe_says_so(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
+    from prep import recipes
+
+    monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(cluster=recipes.ClusterRecipe(clusters=8, iterations=2),
+                                                            screen4=recipes.Screen4Recipe(in_all=False)))
+    result = invoke(prep_main, ["all", tiny_model_dir, "-o", tmp_path / "art"])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads((tmp_path / "art" / "manifest.json").read_text())["stages"]) == {"clusters", "screen"}
+
+
 def test_csv_screen4_without_its_stage_names_the_prep_command(artifact: Path):
     result = invoke(runtime_main, ["generate", artifact, "--method", "csv:screen4", "--prompt", "hi", "--max-new-tokens", 2])
     assert_clean_error(result, "screen4", "prep screen4")

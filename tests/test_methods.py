@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from factories import tiny_artifact
 from runtime.drafters import DRAFTERS
-from runtime.methods import METHODS, canonical, methods_help, parse_method
+from runtime.methods import METHODS, canonical, default_method, methods_help, parse_method
 
 # One example per registration (methods and drafters); a new registration without one fails below.
 EXAMPLES = {
@@ -42,6 +42,13 @@ def test_every_registration_has_an_example_that_round_trips():
     assert not parse_method("spec:int8:no-verifier").distribution_preserving and not parse_method("llamacpp").distribution_preserving
     help_text = methods_help()
     assert all(name in help_text for name in list(METHODS) + list(DRAFTERS))
+
+
+def test_the_default_method_is_lookup_through_the_best_bound_given():
+    """What generate runs without --method: exact (distribution-preserving) in every case."""
+    named = {bound: canonical(default_method(bound)) for bound in ("screen4", "screen", None)}
+    assert named == {"screen4": "spec:lookup+csv:screen4", "screen": "spec:lookup+csv:screen", None: "spec:lookup"}
+    assert all(default_method(bound).distribution_preserving for bound in named)
 
 
 @pytest.mark.parametrize("name, fragment", [

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as T
 
 from runtime.backends import BACKENDS, UnsupportedModel, choose_backend, native_unsupported
 from runtime.backends.decoder import PREFILL_CHUNK
-from runtime.backends.gguf_file import GGUFFile
+from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.lean import lean_target
 from runtime.backends.native import native_target
 from factories import needs_compiled_kernels
@@ -129,6 +129,31 @@ def test_native_hidden_states_are_bit_identical_to_lean(tiny_pair) -> None:
     assert torch.equal(hidden_in_chunks(native, tokens, sizes), hidden_in_chunks(lean, tokens, sizes))
     short = [9, 1, 4, 1, 1, 8, 6]
     assert torch.equal(hidden_in_chunks(native, tokens, short), hidden_in_chunks(lean, tokens, short))
+
+
+def test_tensor_directory_matches_gguf_py_past_string_arrays(tmp_path) -> None:
+    """Skipping a vocabulary's string arrays (and other metadata) lands on gguf-py's tensor offsets;
+    a file cut inside the string array is a one-line truncation error."""
+    import gguf
+
+    path = tmp_path / "v.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"tok{i}" * (i % 7) for i in range(3000)])  # empty strings included
+    writer.add_token_scores([float(i) for i in range(3000)])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_string("test.text", "héllo")
+    blocks = gguf.quants.quantize(np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32), T.Q8_0)
+    writer.add_tensor("w", blocks, raw_dtype=T.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours, reference = GGUFFile(path).tensors["w"], gguf.GGUFReader(path).get_tensor(0)
+    assert (ours.offset, ours.nbytes, ours.ggml_type) == (reference.data_offset, reference.n_bytes, int(T.Q8_0))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:20000])  # inside the token list
+    with pytest.raises(GGUFError, match="truncated .*assemble it again"):
+        GGUFFile(cut)
 
 
 def test_released_pages_read_back_the_same_bytes(tmp_path) -> None:

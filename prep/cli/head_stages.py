@@ -112,8 +112,9 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
     cfg, low_bit = recipe.cluster, recipe.screen4
     group = parse_group_size(recipe.screen.group_size)
     requested = {Stage.CLUSTERS: stages.cluster_request(cfg.clusters, cfg.iterations, cfg.top_m_bias, 0),
-                 Stage.SCREEN: stages.screen_request(group),
-                 Stage.SCREEN4: stages.screen4_request(low_bit.rank, low_bit.group)}
+                 Stage.SCREEN: stages.screen_request(group)}
+    if low_bit.in_all:
+        requested[Stage.SCREEN4] = stages.screen4_request(low_bit.rank, low_bit.group)
     if with_router:
         requested[Stage.ROUTER] = {}
     with stages.output_artifact(out, force) as path:

@@ -20,6 +20,7 @@ _MAGIC = b"GGUF"
 # Metadata value types: id -> fixed size in bytes (8 = string, 9 = array are variable).
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
+_U64 = struct.Struct("<Q")
 
 
 class GGUFError(ValueError):
@@ -41,12 +42,12 @@ class _Cursor:
     def __init__(self, buffer, path: Path) -> None:
         self.buffer, self.position, self.path = buffer, 0, path
 
+    def truncated(self) -> GGUFError:
+        return GGUFError(f"{self.path} is truncated (its header runs past the end of the file); download or assemble it again")
+
     def take(self, count: int) -> bytes:
-        end = self.position + count
-        if end > len(self.buffer):
-            raise GGUFError(f"{self.path} is truncated (its header runs past the end of the file); download or assemble it again")
-        chunk = self.buffer[self.position : end]
-        self.position = end
+        chunk = self.buffer[self.position : self.position + count]
+        self.skip(count)
         return chunk
 
     def u32(self) -> int:
@@ -58,13 +59,30 @@ class _Cursor:
     def string(self) -> str:
         return self.take(self.u64()).decode("utf-8", errors="replace")
 
+    def skip(self, count: int) -> None:
+        """Move past `count` bytes without copying them."""
+        if self.position + count > len(self.buffer):
+            raise self.truncated()
+        self.position += count
+
+    def skip_strings(self, count: int) -> None:
+        """Move past `count` strings (u64 length, then bytes; e.g. a 262k-token vocabulary) without copying them."""
+        buffer, position = self.buffer, self.position
+        for _ in range(count):
+            if position + 8 > len(buffer):
+                raise self.truncated()
+            position += 8 + _U64.unpack_from(buffer, position)[0]
+        self.skip(position - self.position)
+
     def skip_value(self, kind: int) -> None:
         if kind == _STRING:
-            self.take(self.u64())
+            self.skip(self.u64())
         elif kind == _ARRAY:
             inner, count = self.u32(), self.u64()
             if inner in _SIZES:
-                self.take(_SIZES[inner] * count)
+                self.skip(_SIZES[inner] * count)
+            elif inner == _STRING:
+                self.skip_strings(count)
             else:
                 for _ in range(count):
                     self.skip_value(inner)

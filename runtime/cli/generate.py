@@ -10,17 +10,22 @@ import torch
 
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.method_spec import BOUNDS
-from runtime.methods import MAX_GAMMA, MethodSpec, canonical, methods_help, parse_method
+from runtime.methods import DEFAULT_METHOD_HELP, MAX_GAMMA, MethodSpec, canonical, methods_help, parse_method
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
 ALIASES = ("--drafter", "--gamma", "--adaptive", "--no-verifier", "--target-head")
 
 
-def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier, target_head,
-                      cluster_budget: float, adaptive_budget: bool) -> MethodSpec:
-    """The MethodSpec that --method and the alias flags name together (parsed once, by the grammar)."""
-    text = method.strip()
+def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_verifier, target_head,
+                      cluster_budget: float, adaptive_budget: bool) -> MethodSpec | None:
+    """The MethodSpec that --method and the alias flags name together (parsed once, by the grammar);
+    None when they name none (the engine's default method then runs)."""
     aliased = drafter is not None or gamma is not None or adaptive or no_verifier or target_head is not None
+    if method is None and not aliased:
+        if bound is None:
+            return None
+        method = "csv"  # --bound alone: the certified head with that bound
+    text = (method or "").strip()
     if text == "spec":
         options = [f"gamma={gamma}"] * (gamma is not None) + ["adaptive"] * adaptive + ["no-verifier"] * no_verifier
         text = ":".join(["spec", drafter or "ngram", *options])
@@ -36,9 +41,10 @@ def method_from_flags(method: str, bound, drafter, gamma, adaptive, no_verifier,
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--method", default="csv", show_default=True, help=f"Method name. {methods_help()}")
+@click.option("--method", default=None,
+              help=f"Method name (default: {DEFAULT_METHOD_HELP}). {methods_help()}")
 @click.option("--bound", type=click.Choice(BOUNDS), default=None,
-              help="Alias: --method csv --bound cluster = csv:cluster; with --target-head csv, its bound (default screen).")
+              help="Alias: --bound cluster = csv:cluster; with --target-head csv, its bound (default screen).")
 @click.option("--cluster-budget", type=values.Number(0, 1, low_open=True), default=0.25, show_default=True,
               help="csv:cluster: largest fraction of the vocabulary to open before falling back.")
 @click.option("--adaptive-budget", is_flag=True, help="csv:cluster: adapt the budget as CSV-Decode does.")
@@ -68,7 +74,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     """Generate text, streaming it, then print speed and certification (and drafting) stats.
 
     \b
-    runtime generate art/g270 --method csv --prompt "def fib(n):"
+    runtime generate art/g270 --prompt "def fib(n):"          (the default: the fastest exact method)
     runtime generate art/g270 --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
     runtime generate art/g270 --method csv --stop "\\n\\n" --prompt "def fib(n):"
     runtime generate art/g270 --method spec:int8:gamma=6+csv --prompt "def fib(n):"
@@ -86,11 +92,12 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     params = sampling_params(temperature, top_k, top_p, epsilon)
     spec = method_from_flags(method, bound, drafter, gamma, adaptive, no_verifier, target_head, cluster_budget,
                              adaptive_budget)
-    if METHODS[spec.name].bench_only:
+    if spec is not None and METHODS[spec.name].bench_only:
         raise click.UsageError(f"{spec} is a bench-only reference; use it in runtime bench --methods")
-    if epsilon is not None and spec.name != "csv":
+    if epsilon is not None and (spec is None or spec.name != "csv"):
         raise click.UsageError("--epsilon applies to --method csv only")
     engine = api.load(artifact, model, backend=backend)
+    spec = spec or engine.default_method()
     run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens, stops, seed)
     if run.note:
         click.echo(run.note, err=True)

@@ -23,9 +23,10 @@ def recipe_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("[routr]\nwidth = 8\n", "unknown section or key 'routr'; valid: model, [cluster], [router], [screen]"),
     ("[router]\nwidth = \"wide\"\n", "[router]: width = 'wide' should be int"),
     ("[cluster]\nclusters = true\n", "clusters = True should be int"),
+    ("[screen4]\nin_all = 1\n", "in_all = 1 should be bool"),
     ("cluster = 8\n", "cluster must be a [cluster] section"),
     ("[cluster\nclusters = 8\n", "is not valid TOML"),
-], ids=["unknown-key", "unknown-section", "wrong-type", "bool-for-int", "section-not-a-table", "not-toml"])
+], ids=["unknown-key", "unknown-section", "wrong-type", "bool-for-int", "int-for-bool", "section-not-a-table", "not-toml"])
 def test_a_bad_recipe(recipe_dir: Path, tmp_path: Path, text: str, says: str):
     (recipe_dir / "tiny-model.toml").write_text(text)
     prep_fails(["cluster", "tiny-model", "-o", tmp_path / "out"], says, unchanged=(recipe_dir,))
