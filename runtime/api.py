@@ -159,6 +159,7 @@ class Engine:
         target's perplexity of its output, joules per token or null with the reason, ...)."""
         from runtime.bench.energy import EnergyMeter
         from runtime.bench.perplexity import perplexity
+        from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import kernel_name
 
@@ -189,7 +190,7 @@ class Engine:
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
-                "energy_counters": meter.description, **_llamacpp_build(specs),
+                "energy_counters": meter.description, **_llamacpp_build(specs), **provenance(),
             },
             "methods": summarize(results, sampling),
         }

@@ -58,6 +58,20 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
 
+@main.command("bench-summary")
+@click.argument("records", nargs=-1, required=True, type=click.Path())
+@clean_errors
+def bench_summary(records) -> None:
+    """The headline table of greedy bench records: native ar and the best exact method against llama.cpp.
+
+    \b
+    runtime bench-summary bench-out/w16/*.json
+    """
+    from runtime.bench.summary import summary_markdown
+
+    click.echo(summary_markdown(list(records)))
+
+
 @main.command("bench-kernels")
 @click.argument("artifact", type=click.Path())
 @click.option("--prompt", type=values.Text(), default="def fibonacci(n):", show_default=True,

@@ -65,6 +65,24 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# Flags that change which kernels run or how fast llama.cpp runs: recorded with every bench.
+NOTABLE_FLAGS = ("avx2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8")
+
+
+def cpu_description() -> str:
+    """This CPU's model name and its NOTABLE_FLAGS, e.g. 'AMD EPYC 9R14; avx2 avx512f ... (no avx_vnni amx_tile amx_int8)'."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    flags = cpu_flags()
+    have = [f for f in NOTABLE_FLAGS if f in flags]
+    lack = [f for f in NOTABLE_FLAGS if f not in flags]
+    return f"{names[0] if names else 'unknown CPU'}; {' '.join(have) or 'none of ' + ' '.join(NOTABLE_FLAGS)}" + (
+        f" (no {' '.join(lack)})" if have and lack else "")
+
+
 def missing_cpu_flags(path: str) -> list[str]:
     """The CPU flags `path` needs that this CPU lacks (empty: it can run here)."""
     return sorted(_CPU_NEEDS[path] - cpu_flags())

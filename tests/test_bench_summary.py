@@ -1,0 +1,72 @@
+"""`runtime bench-summary`: the headline table read back from bench records, and where they came from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from runtime.bench import provenance
+from runtime.bench.summary import headline_row, summary_markdown
+from runtime.cli import main as runtime_main
+
+
+def row(method: str, tok_s: float, preserving: bool = True, identical: float | None = 1.0) -> dict:
+    return {"method": method, "tokens_per_s": tok_s, "distribution_preserving": preserving, "identical_to_ar": identical}
+
+
+def record(model: str = "m", prompts: str = "humaneval", threads: int = 1, **setup) -> dict:
+    methods = [row("ar", 20.0), row("llamacpp", 16.0, preserving=False, identical=0.5), row("spec:lookup+csv", 36.0),
+               row("mjsd:int8", 50.0, preserving=False, identical=0.25), row("spec:ngram", 30.0, identical=11 / 12)]
+    return {"command": "runtime bench ...", "methods": methods,
+            "setup": {"model": model, "prompts": prompts, "n": 12, "max_new_tokens": 128, "threads": threads,
+                      "temperature": 0.0, "peak_rss_mib": 1536.0, "screen_kernel": "avx2", "backend": "native", **setup}}
+
+
+def test_the_best_exact_method_leaves_out_what_does_not_preserve_the_distribution():
+    cells = headline_row(record())
+    assert cells["best"] == "`spec:lookup+csv` 36.0"  # not the faster MJSD, which is not exact
+    assert cells["best_vs_llamacpp"] == pytest.approx(36 / 16) and cells["ar_vs_llamacpp"] == pytest.approx(20 / 16)
+    assert cells["exact_identical"] == "2 of 3"  # spec:ngram differed on a prompt: counted, not hidden
+    assert cells["llamacpp_identical"] == 0.5 and cells["rss"] == 1.5
+    assert cells["cell"] == "m, HumanEval (12 × 128)"
+
+
+def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
+    paths = []
+    for name, rec in {"b.json": record("qwen", "sharegpt", 2, code="abc1234", cpu="AMD EPYC; avx512f"),
+                      "a.json": record("qwen", "humaneval", 1)}.items():
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(rec))
+    text = summary_markdown(paths)
+    lines = text.splitlines()
+    assert "HumanEval" in lines[2] and "ShareGPT held-out" in lines[3]
+    assert f"- {tmp_path / 'b.json'}: code abc1234; CPU AMD EPYC; avx512f; kernels avx2" in text
+    assert f"- {tmp_path / 'a.json'}: code not recorded; CPU not recorded" in text
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("not json", "cannot be read (not JSON)"),
+    (json.dumps({"methods": []}), "not a runtime bench record"),
+    (json.dumps(record(temperature=0.7)), "was sampled (temperature 0.7)"),
+], ids=["not-json", "no-setup", "sampled"])
+def test_a_file_that_is_not_a_greedy_bench_record_is_a_one_line_error(tmp_path: Path, content: str, fragment: str):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    result = CliRunner().invoke(runtime_main, ["bench-summary", str(path)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and fragment in errors[0] and "runtime bench" in errors[0], result.output
+
+
+def test_code_version_is_this_checkouts_commit_or_none_outside_git(tmp_path: Path, monkeypatch):
+    head = subprocess.run(["git", "-C", str(provenance.PACKAGE_ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not running from a git checkout")
+    assert provenance.code_version().split("+")[0] == head.stdout.strip()
+    monkeypatch.setattr(provenance, "PACKAGE_ROOT", tmp_path)  # an installed copy: no checkout around it
+    assert provenance.code_version() is None
