@@ -71,8 +71,9 @@ def probe(gguf_path) -> None:
                                   "or leave llamacpp out of --methods")
 
 
-def load_llama(gguf_path, context: int, threads: int):
-    """A llama_cpp.Llama over `gguf_path`; LlamaCppUnavailable (one line, naming the fix) when it cannot be had."""
+def load_llama(gguf_path, context: int, threads: int, lookup_tokens: int | None = None):
+    """A llama_cpp.Llama over `gguf_path` (lookup_tokens: with llama-cpp-python's prompt lookup drafting
+    that many tokens per round); LlamaCppUnavailable (one line, naming the fix) when it cannot be had."""
     try:
         import llama_cpp
     except ImportError as exc:
@@ -80,10 +81,15 @@ def load_llama(gguf_path, context: int, threads: int):
     if gguf_path is None:
         raise LlamaCppUnavailable("method llamacpp decodes a .gguf file and this model has none (an HF directory)")
     probe(gguf_path)
+    draft = None
+    if lookup_tokens is not None:  # its documented default n-gram size; it keeps every position's logits
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)
     try:
         with _quiet_stderr():
             return llama_cpp.Llama(str(gguf_path), n_ctx=context, n_batch=512, n_threads=threads,
-                                   n_threads_batch=threads, logits_all=False, verbose=False)
+                                   n_threads_batch=threads, logits_all=False, verbose=False, draft_model=draft)
     except Exception as exc:  # llama.cpp reports load failures as ValueError / RuntimeError with C context
         raise LlamaCppUnavailable(f"llama.cpp cannot load {gguf_path} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
                                   "check the llama-cpp-python build (README) or leave llamacpp out of --methods") from exc
@@ -99,11 +105,14 @@ def build_info() -> str:
 
 
 class LlamaCppDecoder:
-    """Plain decoding by llama.cpp: greedy (top-1) or its own sampler at the same temperature / top-k / top-p."""
+    """Decoding by llama.cpp: greedy (top-1) or its own sampler at the same temperature / top-k / top-p;
+    plain, or with llama-cpp-python's prompt lookup drafting `lookup_tokens` per round (its verify
+    forwards batch the drafts, so its text may differ from its own plain decoding's)."""
 
-    def __init__(self, gguf_path, eos_token_ids: frozenset[int], context: int = 4096, threads: int | None = None) -> None:
+    def __init__(self, gguf_path, eos_token_ids: frozenset[int], context: int = 4096, threads: int | None = None,
+                 lookup_tokens: int | None = None) -> None:
         self.threads = threads or torch.get_num_threads()
-        self.llama = load_llama(gguf_path, context, self.threads)
+        self.llama = load_llama(gguf_path, context, self.threads, lookup_tokens)
         self.eos_token_ids = eos_token_ids
 
     def __call__(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator=None,

@@ -91,10 +91,12 @@ def autoregressive(session: Session, spec: MethodSpec) -> Streamer:
 
 
 def llamacpp(session: Session, spec: MethodSpec) -> Streamer:
-    """llama.cpp's plain decoding of the session model's GGUF, with this process's thread count."""
+    """llama.cpp's plain (llamacpp:lookup: prompt lookup) decoding of the session model's GGUF, with this
+    process's thread count."""
     from runtime.llamacpp import LlamaCppDecoder
 
-    return LlamaCppDecoder(session.model.gguf_path, session.target.eos_token_ids)
+    lookup = int(spec.options[1]) if spec.options else None
+    return LlamaCppDecoder(session.model.gguf_path, session.target.eos_token_ids, lookup_tokens=lookup)
 
 
 def speculative(session: Session, spec: MethodSpec) -> Streamer:

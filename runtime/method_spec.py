@@ -40,7 +40,7 @@ class MethodSpec:
     cluster_budget: float = 0.25  # csv:cluster: largest fraction of the vocabulary opened before falling back
     adaptive_budget: bool = False  # csv:cluster: adapt that budget as CSV-Decode does
     text: str = ""  # the name as given (bench rows are keyed by it)
-    options: tuple[str, ...] = ()  # a method's own canonical arguments (swarm: K, nodes=N; mjsd: beam=M, tau=T)
+    options: tuple[str, ...] = ()  # a method's own canonical arguments (swarm: K, nodes=N; mjsd: beam=M, tau=T; llamacpp: lookup, K)
 
     @property
     def certified(self) -> bool:
@@ -92,7 +92,7 @@ def canonical(spec: MethodSpec) -> str:
     """The name in the grammar that parses back to `spec` (budgets and backend overrides aside)."""
     if spec.drafter is None:
         if spec.name == "llamacpp":
-            return spec.name
+            return ":".join([spec.name, *spec.options])
         return spec.name if spec.name == "ar" and spec.backend is None else (
             f"ar:{spec.backend}" if spec.name == "ar" else spec.head)
     options = [f"gamma={spec.gamma}"] * (spec.gamma is not None) + ["adaptive"] * spec.adaptive + ["no-verifier"] * (not spec.verifier)

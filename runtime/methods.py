@@ -3,7 +3,7 @@
 Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtime.api` accept):
 
     ar | ar:BACKEND                                  plain decoding (ar:transformers: on transformers' forward)
-    llamacpp                                         llama.cpp's plain decoding of the same GGUF (a reference)
+    llamacpp[:lookup[:K]]                            llama.cpp's plain (or prompt lookup) decoding of the same GGUF (a reference)
     csv | csv:screen | csv:screen4 | csv:cluster     the certified head (CSV-Decode and our screens)
     spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|screen4|cluster]]
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
@@ -228,17 +228,27 @@ register_method(MethodEntry("mjsd", _mjsd, _builder("mjsd"),
                             "output by design)", distribution_preserving=False))
 
 
+LLAMACPP_LOOKUP_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default: what a user gets unasked
+
+
 def _llamacpp(args: list[str], head: str | None) -> MethodSpec:
+    """llamacpp | llamacpp:lookup[:K]: llama.cpp's plain decoding, or llama-cpp-python's prompt lookup
+    decoding with K draft tokens per round."""
     _refuse_csv_suffix("llamacpp", head)
-    if args:
-        raise ValueError(f"method 'llamacpp' takes no argument, not llamacpp:{':'.join(args)}")
-    return MethodSpec("llamacpp")
+    if not args:
+        return MethodSpec("llamacpp")
+    tokens = _count(1, 32)(args[1]) if len(args) == 2 else LLAMACPP_LOOKUP_TOKENS
+    if args[0] != "lookup" or len(args) > 2 or tokens is None:
+        raise ValueError(f"method 'llamacpp' takes nothing or lookup[:K] (K draft tokens, 1..32), not "
+                         f"llamacpp:{':'.join(args)}; e.g. llamacpp or llamacpp:lookup:4")
+    return MethodSpec("llamacpp", options=("lookup", str(tokens)))
 
 
 # llama.cpp quantizes activations: its text is the model's only up to rounding, so it makes no identity claim.
 register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
-                            "llamacpp (llama.cpp's plain decoding of the same GGUF: the reference users compare with; "
-                            "needs the llamacpp extra)", distribution_preserving=False))
+                            "llamacpp[:lookup[:K]] (llama.cpp's plain decoding of the same GGUF: the reference users "
+                            f"compare with; lookup: llama-cpp-python's prompt lookup decoding, K draft tokens "
+                            f"(default {LLAMACPP_LOOKUP_TOKENS}); needs the llamacpp extra)", distribution_preserving=False))
 
 
 __all__ = ["HEADS", "MAX_GAMMA", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "loop_options",

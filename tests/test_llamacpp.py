@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime.llamacpp import LlamaCppUnavailable, load_llama
-from runtime.methods import parse_method
+from runtime.methods import canonical, parse_method
 
 HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -21,8 +21,12 @@ HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
 def test_llamacpp_parses_and_makes_no_identity_claim() -> None:
     spec = parse_method("llamacpp")
     assert str(spec) == "llamacpp" and not spec.distribution_preserving
-    with pytest.raises(ValueError, match="takes no argument"):
-        parse_method("llamacpp:fast")
+    assert canonical(parse_method("llamacpp:lookup")) == "llamacpp:lookup:10"  # llama-cpp-python's default
+    assert canonical(parse_method("llamacpp:lookup:4")) == "llamacpp:lookup:4"
+    assert not parse_method("llamacpp:lookup:4").distribution_preserving
+    for bad in ("llamacpp:fast", "llamacpp:lookup:0", "llamacpp:lookup:4:2"):
+        with pytest.raises(ValueError, match="takes nothing or lookup"):
+            parse_method(bad)
     with pytest.raises(ValueError, match=r"\+csv applies"):
         parse_method("llamacpp+csv")
 
@@ -54,11 +58,13 @@ def test_llamacpp_bench_row_on_real_smollm2(tmp_path) -> None:
     path = tmp_path / "art"
     stages.write_screen(stages.HeadSource(loaded, Artifact.create(path, loaded.info, stages.created_by())), group_size=None, force=False)
     engine = api.load(path, progress=False)
-    record = engine.bench(["ar", "llamacpp"], ["def add(a, b):\n", "The capital of France is"], max_new_tokens=16)
-    row = next(r for r in record["methods"] if r["method"] == "llamacpp")
-    assert row["new_tokens"] > 0 and row["tokens_per_s"] > 0
-    assert row["identical_to_greedy"] is None  # no identity claim for a method that is not exact
-    assert row["identical_to_ar"] in (0.0, 0.5, 1.0)
+    record = engine.bench(["ar", "llamacpp", "llamacpp:lookup:4"], ["def add(a, b):\n", "The capital of France is"],
+                          max_new_tokens=16)
+    for name in ("llamacpp", "llamacpp:lookup:4"):
+        row = next(r for r in record["methods"] if r["method"] == name)
+        assert row["new_tokens"] == 32 and row["tokens_per_s"] > 0
+        assert row["identical_to_greedy"] is None  # no identity claim for a method that is not exact
+        assert row["identical_to_ar"] in (0.0, 0.5, 1.0)
     import llama_cpp
 
     build = record["setup"]["llamacpp_build"]  # which llama.cpp build the tok/s came from

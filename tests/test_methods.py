@@ -22,7 +22,7 @@ EXAMPLES = {
     "dynaspec": ["dynaspec:layers:1:k=2"], "frspec": ["frspec:int8:20:context=0+csv"],
     "screenspec": ["screenspec:layers:1:gamma=3"],
     "swarm": ["swarm:onedecode:4", "swarm:int8:4", "swarm:layers:1:2:gamma=3:nodes=8+csv"],
-    "mjsd": ["mjsd:int8", "mjsd:layers:1:beam=2:tau=0.5:gamma=3"], "llamacpp": ["llamacpp"],
+    "mjsd": ["mjsd:int8", "mjsd:layers:1:beam=2:tau=0.5:gamma=3"], "llamacpp": ["llamacpp", "llamacpp:lookup:4"],
 }
 DRAFTER_EXAMPLES = {"ngram": "ngram:3", "lookup": "lookup:4", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
                     "int8": "int8", "dynaspec": "dynaspec:int8:k=4", "frspec": "frspec:layers:1:20",
