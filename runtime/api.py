@@ -5,6 +5,7 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
     from runtime.sampling import SamplingParams
 
     engine = api.load("art/g270")                   # the artifact and the model it was built for
+    engine.generate("def fib(n):").text             # the fastest exact method (Engine.default_method)
     run = engine.generate("def fib(n):", method="spec:int8+csv", max_new_tokens=64)
     for token in run:                               # token ids, as the loop appends them
         ...

@@ -21,11 +21,12 @@ def engine(tiny_model_dir, tmp_path_factory):
 def test_generate_streams_the_tokens_plain_decoding_gives(engine):
     ids = engine.encode("w5 w9 w31 w5 w9")
     expected, _ = generate_ar(engine.session.target, engine.session.full_head(), ids, 12)
-    for method in ("ar", "csv", "spec:ngram:gamma=3+csv", "spec:layers:1"):
+    for method in ("ar", "csv", "spec:ngram:gamma=3+csv", "spec:layers:1", None):  # None: default_method()
         run = engine.generate("w5 w9 w31 w5 w9", method=method, max_new_tokens=12)
         assert list(run) == expected and run.stats.new_tokens == len(expected)
         assert run.text == engine.tokenizer.decode(expected, skip_special_tokens=True)
     assert engine.method("spec:layers:1") is engine.method("spec:layers:1")  # built once per name
+    assert engine.method(engine.default_method()) is engine.method("spec:lookup+csv")  # the tiny artifact: int8 screen
 
 
 def test_sampled_generation_is_reproducible_and_closing_early_stops(engine):
