@@ -35,6 +35,19 @@ def test_the_best_exact_method_leaves_out_what_does_not_preserve_the_distributio
     assert cells["cell"] == "m, HumanEval (12 × 128)"
 
 
+def test_llamacpps_fastest_variant_gets_its_own_columns(tmp_path: Path):
+    plain, with_lookup = record(), record()
+    with_lookup["methods"].append(row("llamacpp:lookup:4", 18.0, preserving=False, identical=0.25))
+    assert headline_row(plain)["llamacpp_fastest"] is None  # plain llama.cpp alone: no extra columns
+    cells = headline_row(with_lookup)
+    assert cells["llamacpp_fastest"] == "`llamacpp:lookup:4` 18.0 (25%)"
+    assert cells["best_vs_llamacpp_fastest"] == pytest.approx(36 / 18) and cells["best_vs_llamacpp"] == pytest.approx(36 / 16)
+    paths = [tmp_path / "plain.json", tmp_path / "lookup.json"]
+    for path, rec in zip(paths, (plain, with_lookup)):
+        path.write_text(json.dumps(rec))
+    assert "llama.cpp's fastest" not in summary_markdown(paths[:1]) and "llama.cpp's fastest" in summary_markdown(paths)
+
+
 def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
     paths = []
     for name, rec in {"b.json": record("qwen", "sharegpt", 2, code="abc1234", cpu="AMD EPYC; avx512f"),

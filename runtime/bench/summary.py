@@ -22,6 +22,11 @@ COLUMNS = [
     ("llamacpp_identical", "llama.cpp = `ar`", "{:.0%}"),
     ("rss", "peak RSS", "{:.1f} GiB"),
 ]
+# Shown only when a record also ran a llama.cpp variant (llamacpp:lookup): llama.cpp's fastest row.
+VARIANT_COLUMNS = [
+    ("llamacpp_fastest", "llama.cpp's fastest, tok/s (= `ar`)", "{}"),
+    ("best_vs_llamacpp_fastest", "best exact / llama.cpp's fastest", "{:.2f}x"),
+]
 
 
 class SummaryError(ValueError):
@@ -56,6 +61,8 @@ def headline_row(record: dict) -> dict:
         return row["tokens_per_s"] / llama["tokens_per_s"] if row and llama else None
 
     matched = sum(row.get("identical_to_ar") == 1.0 for row in exact)
+    variants = [row for row in methods if row["method"].startswith("llamacpp")]
+    fastest = max(variants, key=lambda row: row["tokens_per_s"]) if len(variants) > 1 else None
     return {
         "cell": f"{setup.get('model', '?')}, {prompts} ({setup.get('n', '?')} × {setup.get('max_new_tokens', '?')})",
         "threads": setup.get("threads"),
@@ -67,16 +74,22 @@ def headline_row(record: dict) -> dict:
         "exact_identical": f"{matched} of {len(exact)}",
         "llamacpp_identical": llama.get("identical_to_ar") if llama else None,
         "rss": setup["peak_rss_mib"] / 1024 if setup.get("peak_rss_mib") else None,
+        "llamacpp_fastest": (f"`{fastest['method']}` {fastest['tokens_per_s']:.1f} "
+                             f"({fastest['identical_to_ar']:.0%})") if fastest else None,
+        "best_vs_llamacpp_fastest": best["tokens_per_s"] / fastest["tokens_per_s"] if fastest and best else None,
     }
 
 
 def summary_markdown(paths: list[Path]) -> str:
-    """The headline table of the records at `paths` (sorted by model, prompts, threads), then each
-    record's provenance: code version, CPU, kernel path and llama.cpp build."""
+    """The headline table of the records at `paths` (sorted by model, prompts, threads; with llama.cpp's
+    fastest row where a record ran a variant such as llamacpp:lookup), then each record's provenance:
+    code version, CPU, kernel path and llama.cpp build."""
     records = [(Path(p), read_record(Path(p))) for p in paths]
     records.sort(key=lambda item: (str(item[1]["setup"].get("model")), str(item[1]["setup"].get("prompts")),
                                    item[1]["setup"].get("threads") or 0))
-    table = markdown_rows([headline_row(record) for _, record in records], COLUMNS)
+    rows = [headline_row(record) for _, record in records]
+    variants = VARIANT_COLUMNS if any(row["llamacpp_fastest"] for row in rows) else []
+    table = markdown_rows(rows, COLUMNS + variants)
     notes = []
     for path, record in records:
         setup = record["setup"]
