@@ -64,8 +64,9 @@ def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
 @pytest.mark.parametrize("content, fragment", [
     ("not json", "cannot be read (not JSON)"),
     (json.dumps({"methods": []}), "not a runtime bench record"),
+    (json.dumps({**record(), "methods": [{"method": "ar"}]}), "methods without method and tokens_per_s"),
     (json.dumps(record(temperature=0.7)), "was sampled (temperature 0.7)"),
-], ids=["not-json", "no-setup", "sampled"])
+], ids=["not-json", "no-setup", "row-without-speed", "sampled"])
 def test_a_file_that_is_not_a_greedy_bench_record_is_a_one_line_error(tmp_path: Path, content: str, fragment: str):
     path = tmp_path / "r.json"
     path.write_text(content)

@@ -40,8 +40,11 @@ def read_record(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not JSON"
         raise SummaryError(f"{path} cannot be read ({reason}); give the --json output of runtime bench") from None
-    if not (isinstance(record, dict) and isinstance(record.get("setup"), dict) and isinstance(record.get("methods"), list)):
-        raise SummaryError(f"{path} is not a runtime bench record (no setup and methods); give the --json output of runtime bench")
+    rows_ok = isinstance(record, dict) and isinstance(record.get("methods"), list) and all(
+        isinstance(row, dict) and isinstance(row.get("method"), str) and isinstance(row.get("tokens_per_s"), (int, float))
+        for row in record["methods"])
+    if not (rows_ok and isinstance(record.get("setup"), dict)):
+        raise SummaryError(f"{path} is not a runtime bench record (no setup, or methods without method and tokens_per_s); give the --json output of runtime bench")
     if record["setup"].get("temperature", 0.0) != 0.0:
         raise SummaryError(f"{path} was sampled (temperature {record['setup']['temperature']}); the summary compares "
                            "greedy runs, whose tokens can be checked against ar: give runtime bench records without --temperature")
