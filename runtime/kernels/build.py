@@ -52,17 +52,23 @@ _CPU_NEEDS = {
 _COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
 
 
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The instruction-set flags of this CPU (first `flags` line of /proc/cpuinfo; empty if unreadable)."""
+@lru_cache(maxsize=None)
+def _cpuinfo_field(name: str) -> str | None:
+    """The value of the first `name` line of /proc/cpuinfo (None if absent or unreadable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this CPU (first `flags` line of /proc/cpuinfo; empty if unreadable)."""
+    return frozenset((_cpuinfo_field("flags") or "").split())
 
 
 # Flags that change which kernels run or how fast llama.cpp runs: recorded with every bench.
@@ -71,15 +77,10 @@ NOTABLE_FLAGS = ("avx2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16", 
 
 def cpu_description() -> str:
     """This CPU's model name and its NOTABLE_FLAGS, e.g. 'AMD EPYC 9R14; avx2 avx512f ... (no avx_vnni amx_tile amx_int8)'."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
     flags = cpu_flags()
     have = [f for f in NOTABLE_FLAGS if f in flags]
     lack = [f for f in NOTABLE_FLAGS if f not in flags]
-    return f"{names[0] if names else 'unknown CPU'}; {' '.join(have) or 'none of ' + ' '.join(NOTABLE_FLAGS)}" + (
+    return f"{_cpuinfo_field('model name') or 'unknown CPU'}; {' '.join(have) or 'none of ' + ' '.join(NOTABLE_FLAGS)}" + (
         f" (no {' '.join(lack)})" if have and lack else "")
 
 
