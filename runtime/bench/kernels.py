@@ -1,8 +1,12 @@
-"""Time the candidate screening kernels on this machine, in one run, against the full float32 head.
+"""Time the screening kernels on this machine, in one run, against the backend's exact head.
 
-Each candidate computes approximate logits [1, V] from an int8 copy of the head. Only kernels
-that keep activations in float32 need no activation-quantization term in the bound; the others
-are timed for comparison and their extra error is measured on the same hidden state.
+The reference row is the exact head the target decodes with (the GGUF's own blocks on the native
+backend, float32 on lean). Then the screens the certified head runs: the int8 screen (its int16-split
+integer path and its float32-activation path) and, where the artifact has the stage and the CPU the
+kernel, the 4-bit screen. Last, other libraries' int8 kernels on the same (dequantized) weights, timed for
+comparison: those that quantize activations would need an activation term in the bound. Each row's
+error is measured on the same hidden state; "GB/s" is the weight bytes a kernel streams per second
+(near the machine's bandwidth: memory-bound; far below it: compute-bound).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from runtime.kernels import kernel_name, screen_gemv
+from runtime.kernels import QuantMatrix, has_screen4_kernel, kernel_name, linear, screen4_gemv, screen_gemv, screen_gemv_int16
+from runtime.kernels.quant import dequantize
 
 
 def _time_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -70,23 +75,49 @@ def _ort_matmul_nbits(weight: torch.Tensor, accuracy_level: int, block: int = 32
     return lambda h: torch.from_numpy(session.run(None, {"A": h.numpy()})[0])
 
 
-def compare_kernels(weight: torch.Tensor, screen: dict, hidden: torch.Tensor, repeats: int = 20) -> list[dict]:
-    """Rows of {kernel, activations, ms, vs_full_head, max_error}: max |approx - exact| on `hidden` [1, d]."""
-    exact = torch.nn.functional.linear(hidden, weight)
+def _screen4(tensors: dict):
+    """The 4-bit screen's centre [1, V] as Screen4Bound.prepare computes it (basis coordinates included)."""
+    basis = tensors["basis"].float()  # [d, k]
+    parts = [tensors[name].contiguous() for name in ("codes", "scales", "mins", "corr")]
+    corr_scale = tensors["corr_scale"].float().contiguous()
+    return lambda h: screen4_gemv(*parts, corr_scale, h, h @ basis)[0]
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def compare_kernels(weight: torch.Tensor | QuantMatrix, screen: dict, hidden: torch.Tensor, repeats: int = 20,
+                    screen4: dict | None = None) -> list[dict]:
+    """Rows of {kernel, activations, ms, gb_per_s, vs_full_head, max_error} on `hidden` [1, d]: max |approx - exact|."""
+    exact_bytes = weight.nbytes if isinstance(weight, QuantMatrix) else _nbytes(weight)
+    exact_name = f"exact head ({kernel_name()}, {'GGUF blocks' if isinstance(weight, QuantMatrix) else 'float32'})"
+    qweight, scales = screen["qweight"], screen["scales"]
     candidates = [
-        ("full float32 head (F.linear)", "fp32", lambda h: torch.nn.functional.linear(h, weight)),
-        (f"specvocab screen_gemv ({kernel_name()}, stage layout)", "fp32",
-         lambda h: screen_gemv(screen["qweight"], screen["scales"], h)),
-        ("torch._weight_int8pack_mm", "bf16", _torch_int8pack(weight)),
-        ("torch dynamic int8 linear", "int8 per tensor", _torch_dynamic_int8(weight)),
-        ("onnxruntime MatMulNBits 8-bit, accuracy 0", "fp32", _ort_matmul_nbits(weight, 0)),
-        ("onnxruntime MatMulNBits 8-bit, accuracy 4", "int8 per block", _ort_matmul_nbits(weight, 4)),
+        (exact_name, "fp32", exact_bytes, lambda h: linear(h, weight)),
+        ("int8 screen, int16-split activations (the bound's path)", "int16 + remainder", _nbytes(qweight, scales),
+         lambda h: screen_gemv_int16(qweight, scales, h)[0]),
+        ("int8 screen, float32 activations", "fp32", _nbytes(qweight, scales), lambda h: screen_gemv(qweight, scales, h)),
     ]
+    if screen_gemv_int16(qweight, scales, hidden) is None:
+        candidates.pop(1)
+    if screen4 is not None and has_screen4_kernel():
+        stream = _nbytes(*(screen4[name] for name in ("codes", "scales", "mins", "corr", "corr_scale")))
+        candidates.append(("4-bit screen with its low-rank correction", "int16 + remainder", stream, _screen4(screen4)))
+    dense = dequantize(weight)  # [V, d] float32: the values every other library gets
+    candidates += [
+        ("torch._weight_int8pack_mm", "bf16", None, _torch_int8pack(dense)),
+        ("torch dynamic int8 linear", "int8 per tensor", None, _torch_dynamic_int8(dense)),
+        ("onnxruntime MatMulNBits 8-bit, accuracy 0", "fp32", None, _ort_matmul_nbits(dense, 0)),
+        ("onnxruntime MatMulNBits 8-bit, accuracy 4", "int8 per block", None, _ort_matmul_nbits(dense, 4)),
+    ]
+    exact = linear(hidden, weight)  # [1, V]
     rows = []
-    for name, activations, fn in candidates:
+    for name, activations, stream, fn in candidates:
         ms = _time_ms(lambda: fn(hidden), repeats if "accuracy 0" not in name else 3)
         error = float((fn(hidden).float() - exact).abs().max())
-        rows.append({"kernel": name, "activations": activations, "ms": ms, "max_error": error})
+        gb_per_s = stream / ms / 1e6 if stream is not None else None
+        rows.append({"kernel": name, "activations": activations, "ms": ms, "gb_per_s": gb_per_s, "max_error": error})
     for row in rows:
         row["vs_full_head"] = row["ms"] / rows[0]["ms"]
     return rows

@@ -80,7 +80,7 @@ def bench_summary(records) -> None:
 @model_options
 @clean_errors
 def bench_kernels(artifact, prompt, repeats, backend) -> None:
-    """Time the screening-kernel candidates against the full head, in one run, on a real hidden state.
+    """Time the screening kernels against the exact head, in one run, on a real hidden state.
 
     \b
     runtime bench-kernels art/g270
@@ -93,9 +93,11 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
     engine = api.load(artifact, backend=backend)
     session, ids = engine.session, engine.encode(prompt)  # a prompt beyond the context is refused here
     hidden = session.target.forward(ids, session.target.new_cache())[-1:].float()  # [1, d]
-    rows = compare_kernels(session.target.head_weight, session.artifact.read_stage(Stage.SCREEN), hidden, repeats)
+    screen4 = session.artifact.read_stage(Stage.SCREEN4) if session.artifact.has_stage(Stage.SCREEN4) else None
+    rows = compare_kernels(session.target.head_weight, session.artifact.read_stage(Stage.SCREEN), hidden, repeats, screen4)
     columns = [("kernel", "kernel", "{}"), ("activations", "activations", "{}"), ("ms", "ms", "{:.2f}"),
-               ("vs_full_head", "time vs full head", "{:.2f}x"), ("max_error", "max abs error", "{:.2e}")]
+               ("gb_per_s", "GB/s", "{:.1f}"), ("vs_full_head", "time vs exact head", "{:.2f}x"),
+               ("max_error", "max abs error", "{:.2e}")]
     click.echo(markdown_rows(rows, columns))
 
 
