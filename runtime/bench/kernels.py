@@ -76,34 +76,30 @@ def _ort_matmul_nbits(weight: torch.Tensor, accuracy_level: int, block: int = 32
 
 
 def _screen4(tensors: dict):
-    """The 4-bit screen's centre [1, V] as Screen4Bound.prepare computes it (basis coordinates included)."""
+    """The 4-bit screen as one call and the bytes that call streams.
+
+    The call maps h [1, d] to the centre [1, V] as Screen4Bound.prepare computes it (basis coordinates included).
+    """
     basis = tensors["basis"].float()  # [d, k]
     parts = [tensors[name].contiguous() for name in ("codes", "scales", "mins", "corr")]
-    corr_scale = tensors["corr_scale"].float().contiguous()
-    return lambda h: screen4_gemv(*parts, corr_scale, h, h @ basis)[0]
-
-
-def _nbytes(*tensors: torch.Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    parts.append(tensors["corr_scale"].float().contiguous())
+    return (lambda h: screen4_gemv(*parts, h, h @ basis)[0]), sum(t.nbytes for t in parts)
 
 
 def compare_kernels(weight: torch.Tensor | QuantMatrix, screen: dict, hidden: torch.Tensor, repeats: int = 20,
                     screen4: dict | None = None) -> list[dict]:
     """Rows of {kernel, activations, ms, gb_per_s, vs_full_head, max_error} on `hidden` [1, d]: max |approx - exact|."""
-    exact_bytes = weight.nbytes if isinstance(weight, QuantMatrix) else _nbytes(weight)
     exact_name = f"exact head ({kernel_name()}, {'GGUF blocks' if isinstance(weight, QuantMatrix) else 'float32'})"
     qweight, scales = screen["qweight"], screen["scales"]
-    candidates = [
-        (exact_name, "fp32", exact_bytes, lambda h: linear(h, weight)),
-        ("int8 screen, int16-split activations (the bound's path)", "int16 + remainder", _nbytes(qweight, scales),
-         lambda h: screen_gemv_int16(qweight, scales, h)[0]),
-        ("int8 screen, float32 activations", "fp32", _nbytes(qweight, scales), lambda h: screen_gemv(qweight, scales, h)),
-    ]
-    if screen_gemv_int16(qweight, scales, hidden) is None:
-        candidates.pop(1)
+    screen_bytes = qweight.nbytes + scales.nbytes
+    candidates = [(exact_name, "fp32", weight.nbytes, lambda h: linear(h, weight))]
+    if screen_gemv_int16(qweight, scales, hidden) is not None:  # None: no integer path on this CPU or shape
+        candidates.append(("int8 screen, int16-split activations (the bound's path)", "int16 + remainder", screen_bytes,
+                           lambda h: screen_gemv_int16(qweight, scales, h)[0]))
+    candidates.append(("int8 screen, float32 activations", "fp32", screen_bytes, lambda h: screen_gemv(qweight, scales, h)))
     if screen4 is not None and has_screen4_kernel():
-        stream = _nbytes(*(screen4[name] for name in ("codes", "scales", "mins", "corr", "corr_scale")))
-        candidates.append(("4-bit screen with its low-rank correction", "int16 + remainder", stream, _screen4(screen4)))
+        screen4_fn, screen4_bytes = _screen4(screen4)
+        candidates.append(("4-bit screen with its low-rank correction", "int16 + remainder", screen4_bytes, screen4_fn))
     dense = dequantize(weight)  # [V, d] float32: the values every other library gets
     candidates += [
         ("torch._weight_int8pack_mm", "bf16", None, _torch_int8pack(dense)),
