@@ -143,6 +143,11 @@ def _backend_drafter(session: Session, spec: MethodSpec, head):
     return drafter
 
 
+def _depth(spec: MethodSpec) -> int:
+    """How deep a tree or MJSD method drafts: its gamma=G, else DEFAULT_GAMMA (no verifier cost cut: trees and beams go 4 deep)."""
+    return DEFAULT_GAMMA if spec.gamma is None else spec.gamma
+
+
 def tree(session: Session, spec: MethodSpec) -> Streamer:
     """swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, or the lookup
     drafter's K continuations), one target forward each."""
@@ -164,8 +169,7 @@ def tree(session: Session, spec: MethodSpec) -> Streamer:
         drafter = SlotTrees(_backend_drafter(session, spec, head), k)
 
     def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
-        depth = DEFAULT_GAMMA if spec.gamma is None else spec.gamma
-        return stream_tree(session.target, head, drafter, prompt, n, params, generator, depth=depth, budget=budget,
+        return stream_tree(session.target, head, drafter, prompt, n, params, generator, depth=_depth(spec), budget=budget,
                            min_new_tokens=min_new_tokens, stop=stop)
 
     return stream
@@ -181,8 +185,7 @@ def mjsd(session: Session, spec: MethodSpec) -> Streamer:
     drafts = BeamDrafts(_backend_drafter(session, spec, head), int(options["beam"]))
 
     def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
-        gamma = DEFAULT_GAMMA if spec.gamma is None else spec.gamma
-        return stream_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=gamma,
+        return stream_mjsd(session.target, head, drafts, prompt, n, params, generator, gamma=_depth(spec),
                            tau=float(options["tau"]), min_new_tokens=min_new_tokens, stop=stop)
 
     return stream
