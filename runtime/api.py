@@ -228,6 +228,12 @@ class Generation:
         self._started = False
 
     def __iter__(self) -> Iterator[int]:
+        """The tokens as they are appended; once the generation is over, nothing more (`tokens` holds them all)."""
+        if self.stats is not None:
+            return
+        if self._started and self._stream.gi_frame is None:  # closed before its end: it cannot resume
+            raise RuntimeError("this generation was stopped before its end (its iteration was closed); "
+                               "its tokens so far are in .tokens: call engine.generate again for a new one")
         self._started = True
         try:
             while True:

@@ -38,6 +38,14 @@ def test_sampled_generation_is_reproducible_and_closing_early_stops(engine):
     head = [next(stream) for _ in range(3)]
     stream.close()
     assert run.tokens == head
+    with pytest.raises(RuntimeError, match="stopped before its end"):
+        run.wait()
+
+
+def test_a_finished_generation_iterates_to_nothing_more(engine):
+    run = engine.generate("w5 w9 w31 w5 w9", method="spec:ngram", max_new_tokens=12)
+    tokens = list(run)
+    assert run.wait().tokens == tokens and list(run) == [] and run.stats.new_tokens == len(tokens)
 
 
 def test_decoding_runs_in_the_iterating_thread(engine, monkeypatch):
