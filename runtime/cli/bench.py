@@ -146,8 +146,11 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, backend
                                     ("candidates_mean", "recomputed (mean)", "{:.3%}"),
                                     ("candidates_p90", "p90", "{:.3%}"), ("candidates_max", "max", "{:.3%}")]))
     if json_path:
+        from runtime.bench.provenance import provenance
+
         record = {"command": "runtime bench-screen " + " ".join(sys.argv[2:]),
-                  "setup": {"model": engine.session.model.info.name, "prompts": prompt_source, "positions": hidden.shape[0]},
+                  "setup": {"model": engine.session.model.info.name, "prompts": prompt_source, "positions": hidden.shape[0],
+                            **provenance()},
                   "rows": rows}
         with values.writing("--json"):
             write_json(record, json_path)
@@ -219,10 +222,12 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
                                              ("forward_ms", "forward ms", "{:.2f}"), ("total_ms", "T_V ms", "{:.2f}"),
                                              ("ratio", "T_V / T_V(1)", "{:.2f}x")]))
     if json_path:
+        from runtime.bench.provenance import provenance
+
         record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
                   "setup": {"model": session.model.info.name, "backend": session.target.name, "head": label,
                             "context": context, "repeats": repeats, "threads": torch.get_num_threads(),
-                            "prompts": prompt_source},
+                            "prompts": prompt_source, **provenance()},
                   "rows": rows,
                   "tree_rows": tree_rows,
                   "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}
