@@ -144,7 +144,8 @@ def _backend_drafter(session: Session, spec: MethodSpec, head):
 
 
 def _depth(spec: MethodSpec) -> int:
-    """How deep a tree or MJSD method drafts: its gamma=G, else DEFAULT_GAMMA (no verifier cost cut: trees and beams go 4 deep)."""
+    """How deep a tree or MJSD method drafts: its gamma=G, else DEFAULT_GAMMA (unlike a chain's, not cut
+    to what the kernel path's verifier pays for)."""
     return DEFAULT_GAMMA if spec.gamma is None else spec.gamma
 
 

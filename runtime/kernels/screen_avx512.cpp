@@ -200,8 +200,9 @@ template <bool Vnni>
 struct Avx512Dot {
   static constexpr int kBatch = 8;  // hidden rows per pass
   // Weight rows per pass for n hidden rows: the most (up to 4) whose R n accumulators, n activation
-  // vectors and R weight vectors fit in 30 of the 32 zmm registers. (At most 16 accumulators, as
-  // before, left 2 rows per pass from n = 5 on, and a 5-row verify round cost 1.3x a 4-row one.)
+  // vectors and R weight vectors fit in 30 of the 32 zmm registers. Capping the accumulators at 16
+  // instead (2 rows per pass from n = 5 on) made a 5-row verify round's head cost 1.56x a 4-row
+  // one on gemma3 (Zen 4, 1 thread; 1.19x with this choice).
   static constexpr int rows_for(int n) { return n <= 5 ? 4 : n <= 6 ? 3 : 2; }
 
   // R int8 weight rows (stride d) against N int16 rows (stride d): exact dots out[r * N + b].
