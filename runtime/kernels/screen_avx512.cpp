@@ -199,16 +199,21 @@ namespace {
 template <bool Vnni>
 struct Avx512Dot {
   static constexpr int kBatch = 8;  // hidden rows per pass
+  static constexpr int kRegisters = 30;  // of the 32 zmm: two left for the compiler's temporaries
   // Weight rows per pass for n hidden rows: the most (up to 4) whose R n accumulators, n activation
-  // vectors and R weight vectors fit in 30 of the 32 zmm registers. Capping the accumulators at 16
-  // instead (2 rows per pass from n = 5 on) made a 5-row verify round's head cost 1.56x a 4-row
-  // one on gemma3 (Zen 4, 1 thread; 1.19x with this choice).
-  static constexpr int rows_for(int n) { return n <= 5 ? 4 : n <= 6 ? 3 : 2; }
+  // vectors and R weight vectors fit in kRegisters (4 up to n = 5, 3 at 6, 2 beyond). Capping the
+  // accumulators at 16 instead (2 rows per pass from n = 5 on) made a 5-row verify round's head
+  // cost 1.56x a 4-row one on gemma3 (Zen 4, 1 thread; 1.19x with this choice).
+  static constexpr int rows_for(int n) {
+    int r = 4;
+    while (r > 1 && r * n + n + r > kRegisters) --r;
+    return r;
+  }
 
   // R int8 weight rows (stride d) against N int16 rows (stride d): exact dots out[r * N + b].
   template <int R, int N>
   static inline void rows(const int8_t* q, const int16_t* a, int64_t d, bool prefetch, int64_t* out) {
-    static_assert(R * N + N + R <= 30, "accumulators, activations and weights must stay in registers");
+    static_assert(R * N + N + R <= kRegisters, "accumulators, activations and weights must stay in registers");
     __m512i acc[R][N];
     for (int r = 0; r < R; ++r)
       for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_si512();
