@@ -12,10 +12,11 @@ from factories import TinyHead, random_hidden
 from prep.cluster import build_clusters
 from prep.screen import quantize_int8
 from runtime.heads import ClusterBound, ScreenBound
+from runtime.heads.screen_bound import MAX_OPEN_FRACTION
 
 
-def screen_bound(head: TinyHead, group_size: int = 0) -> ScreenBound:
-    return ScreenBound.from_stage(head.weight, head.bias, quantize_int8(head.weight, group_size))
+def screen_bound(head: TinyHead, group_size: int = 0, max_open_fraction: float = MAX_OPEN_FRACTION) -> ScreenBound:
+    return ScreenBound.from_stage(head.weight, head.bias, quantize_int8(head.weight, group_size), max_open_fraction)
 
 
 _CLUSTER_CACHE: dict[tuple, dict] = {}

@@ -32,14 +32,15 @@ def head_weights(gemma_session):
 @pytest.fixture(scope="module")
 def screen(gemma_session, head_weights) -> ScreenBound:
     weight, bias = head_weights
-    return ScreenBound.from_stage(weight, bias, gemma_session.artifact.read_stage(Stage.SCREEN))
+    return ScreenBound.from_stage(weight, bias, gemma_session.artifact.read_stage(Stage.SCREEN), max_open_fraction=1.0)
 
 
 @pytest.fixture(scope="module")
 def screen4(gemma_session, head_weights) -> Screen4Bound:
-    """The 4-bit screen alone (no int8 screen for wide batches): every chunk goes through its kernel."""
+    """The 4-bit screen alone (no int8 screen for wide batches): every chunk goes through its kernel.
+    No opening budget here (as `cluster`): these tests certify every row, however many it opens."""
     weight, bias = head_weights
-    return Screen4Bound.from_stage(weight, bias, gemma_session.artifact.read_stage(Stage.SCREEN4))
+    return Screen4Bound.from_stage(weight, bias, gemma_session.artifact.read_stage(Stage.SCREEN4), max_open_fraction=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,10 @@ import torch
 from factories import TinyHead, make_tiny_head
 from head_factories import cluster_bound, exact_logits, hidden_sets, screen_bound
 from prep.screen import quantize_int8
+from runtime.heads.opened import GATHER_CHUNK_ROWS
+from runtime.heads.opened import exact_logits as opened_exact_logits
 from runtime.heads.screen_bound import _SLACK
+from runtime.numerics import dot_rounding_gamma
 from runtime.kernels import _screen_gemv_torch, screen_gemv, screen_select
 
 
@@ -145,3 +148,18 @@ def test_cluster_bound_with_the_whole_vocabulary_as_budget_always_certifies():
         opened = bound.open_topk(state, row, vocab, 0.0, None)  # top-V: must open every cluster
         assert opened.certified and opened.ids.numel() == vocab
         assert torch.equal(torch.sort(opened.ids).values, torch.arange(vocab))
+
+
+def test_exact_logits_in_chunks_are_float32_dots_of_every_row():
+    """exact_logits gathers rows in chunks of GATHER_CHUNK_ROWS: every id, in order, each logit a float32
+    dot product within its rounding bound (the certified head's tie margins assume no more)."""
+    gen = torch.Generator().manual_seed(4)
+    vocab, dim = 3 * GATHER_CHUNK_ROWS + 17, 64
+    weight, bias, hidden = torch.randn(vocab, dim, generator=gen), torch.randn(vocab, generator=gen), torch.randn(dim, generator=gen)
+    ids = torch.randperm(vocab, generator=gen)[: 2 * GATHER_CHUNK_ROWS + 5]  # more than two chunks, unsorted
+    got = opened_exact_logits(weight, bias, hidden, ids)  # [n]
+    reference = weight.double()[ids] @ hidden.double()  # [n]
+    bound = dot_rounding_gamma(dim) * (weight.double()[ids].abs() @ hidden.double().abs())
+    assert got.shape == ids.shape and got.dtype == torch.float32
+    assert bool(((got - bias[ids] - reference).abs() <= bound + 1e-6).all())
+    assert opened_exact_logits(weight, None, hidden, ids[:0]).numel() == 0

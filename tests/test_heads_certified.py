@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from factories import TinyHead, random_hidden
 from head_factories import cluster_bound, exact_logits, hidden_sets, screen_bound
 from runtime.heads import CertifiedHead, FullHead
-from runtime.sampling import SamplingParams
+from runtime.sampling import SamplingParams, gumbel_noise
 
 SAMPLING_MODES = {
     "greedy": SamplingParams(),
@@ -159,7 +159,7 @@ def popular_tokens_head() -> TinyHead:
 @pytest.mark.parametrize("epsilon", [0.01, 0.05])
 def test_epsilon_mode_total_variation_is_at_most_epsilon(epsilon: float):
     head = popular_tokens_head()
-    recorder = OpenedRecorder(screen_bound(head))
+    recorder = OpenedRecorder(screen_bound(head, max_open_fraction=1.0))  # its top-1024 set is 25 % of this vocabulary
     certified = CertifiedHead(head.weight, head.bias, recorder)
     params = SamplingParams(temperature=1.0, epsilon=epsilon)
     full = torch.softmax(exact_logits(head, head.hidden).double(), dim=1)  # [B, V]
@@ -218,6 +218,35 @@ def test_cluster_head_over_budget_falls_back_and_counts_it(tiny_head: TinyHead):
     assert stats.recomputed_tokens >= stats.fallbacks * tiny_head.weight.shape[0]
     assert stats.fallback_rate <= stats.recomputed_fraction <= 2.0
     assert stats.required_open_tokens > 0
+
+
+def test_screen_head_past_its_budget_falls_back_without_recomputing(tiny_head: TinyHead):
+    """A row whose candidates exceed the budget recomputes none of them and takes the full head: the
+    same tokens, counted as fallbacks that recomputed the vocabulary once."""
+    hidden = mixed_hidden(tiny_head, rows=12)
+    vocab = tiny_head.weight.shape[0]
+    unlimited, budgeted = screen_bound(tiny_head, max_open_fraction=1.0), screen_bound(tiny_head, max_open_fraction=1.5 / vocab)  # one candidate
+    full = FullHead(tiny_head.weight, tiny_head.bias)
+    for params in (SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)):
+        generator = torch.Generator().manual_seed(2)
+        noise = None if params.greedy else gumbel_noise(hidden.shape[0], vocab, generator)  # [B, V]
+        state, wide = budgeted.prepare(hidden), unlimited.prepare(hidden)
+        over = []
+        for row in range(hidden.shape[0]):
+            row_noise = None if noise is None else noise[row]
+            candidates = unlimited.open_topk(wide, row, 1, params.temperature, row_noise).ids.numel()
+            opened = budgeted.open_topk(state, row, 1, params.temperature, row_noise)
+            assert opened.certified == (candidates <= budgeted.max_open)
+            assert opened.ids.numel() == (candidates if opened.certified else 0) == opened.logits.numel()
+            over.append(not opened.certified)
+        if params.top_p == 1.0:
+            assert any(over) and not all(over), "the budget should split these rows: it tests nothing"
+        head = CertifiedHead(tiny_head.weight, tiny_head.bias, budgeted)
+        expected = full.select(hidden, params, torch.Generator().manual_seed(2))
+        assert torch.equal(head.select(hidden, params, torch.Generator().manual_seed(2)), expected)
+        stats = head.stats
+        assert stats.fallbacks >= sum(over) > 0 and stats.certified + stats.fallbacks == stats.rows == hidden.shape[0]
+        assert stats.recomputed_tokens <= stats.fallbacks * vocab + stats.certified * budgeted.max_open
 
 
 def test_full_head_recomputes_everything(tiny_head: TinyHead):

@@ -8,6 +8,11 @@ import torch
 
 from runtime.kernels import take_rows
 
+# Rows dequantized at a time: 1024 rows of float32 (2.5-3.5 MB on the packaged heads) stay in cache
+# while their dot products read them back. Gathered all at once, 64k rows of gemma3-270m's Q8_0 head
+# took 95 ms at one thread on the Zen 4 EPYC; in chunks of 1024, 17 ms (the same bits).
+GATHER_CHUNK_ROWS = 1024
+
 
 @dataclass
 class Opened:
@@ -21,6 +26,6 @@ class Opened:
 def exact_logits(
     weight: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
-    """Exact float32 logits [n] of tokens `ids` for one hidden state [d]."""
-    logits = take_rows(weight, ids) @ hidden  # [n]
+    """Exact float32 logits [n] of tokens `ids` for one hidden state [d], gathered in cache-sized chunks."""
+    logits = torch.cat([take_rows(weight, part) @ hidden for part in ids.split(GATHER_CHUNK_ROWS)])  # [n]
     return logits + bias[ids] if bias is not None else logits

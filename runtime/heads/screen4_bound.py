@@ -26,7 +26,7 @@ import torch
 
 from artifacts.schema import SCREEN4_ROW_NORMS
 from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
-from runtime.heads.screen_bound import ScreenBound, ScreenState
+from runtime.heads.screen_bound import MAX_OPEN_FRACTION, ScreenBound, ScreenState, open_budget
 from runtime.kernels import kernel_name, screen4_gemv
 
 KAPPA = 64.0
@@ -42,7 +42,8 @@ class Screen4Bound(ScreenBound):
 
     name = "screen4"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, wide: ScreenBound | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, wide: ScreenBound | None = None,
+                 max_open_fraction: float = MAX_OPEN_FRACTION) -> None:
         self.wide = wide  # the int8 screen, for batches of more than MAX_ROWS rows (None: none)
         self.weight = weight  # [V, d] the exact head (float32 or a QuantMatrix)
         self.bias = bias  # [V] or None
@@ -67,12 +68,14 @@ class Screen4Bound(ScreenBound):
             torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + FLOAT64_SLACK))  # [V]
         self.basis_frobenius = basis_frobenius
         self.row_norms = tensors["row_norms"].float().contiguous()  # [V] |W_i|, rounded up
+        self.max_open = open_budget(self.codes.shape[0], max_open_fraction)  # candidates recomputed at most
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
-    def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, wide: ScreenBound | None = None) -> "Screen4Bound":
+    def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, wide: ScreenBound | None = None,
+                   max_open_fraction: float = MAX_OPEN_FRACTION) -> "Screen4Bound":
         """Build from the tensors of an artifact's `screen4` stage (and its int8 screen for wide batches)."""
-        return cls(weight, bias, tensors, wide)
+        return cls(weight, bias, tensors, wide, max_open_fraction)
 
     def prepare(self, hidden: torch.Tensor) -> ScreenState:
         """Screen a batch of hidden states [B, d]: centres, |h| and the remainder |r_U| + kappa |r_s|

@@ -25,6 +25,13 @@ from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_floa
 from runtime.heads.opened import Opened, exact_logits
 from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select
 
+# Past this share of the vocabulary, recomputing the candidates costs more than the full head's one
+# GEMV, so the row goes to the full head (a fallback). Break-even on the Zen 4 EPYC, one thread,
+# gathering in chunks: ~13 % of gemma3-270m's vocabulary, ~15 % of qwen2.5-coder's (a candidate row
+# costs ~0.3 us, a full-head row ~0.035 us). Greedy decoding opens ~0.01-0.5 %; top-p sampling at
+# temperature 1 opened up to ~34 %.
+MAX_OPEN_FRACTION = 1 / 8
+
 # Relative slack for the few float32 roundings after the dot products (radius scaling,
 # the +/- of center and radius, division by the temperature, adding noise).
 _SLACK = 2.0**-18
@@ -36,6 +43,11 @@ def screen_coefficients(
     """Per-row radius coefficient c_i [V] in float32, rounded up from float64."""
     gamma = dot_rounding_gamma(d)
     return round_up_to_float32(error_norms.double() + gamma * (qrow_norms.double() + row_norms.double()))
+
+
+def open_budget(vocab_size: int, max_open_fraction: float) -> int:
+    """The most candidates a screen recomputes for one row (at least one)."""
+    return max(1, int(max_open_fraction * vocab_size))
 
 
 @dataclass
@@ -65,6 +77,7 @@ class ScreenBound:
         coefficients: torch.Tensor,
         qrow_norms: torch.Tensor,
         row_norms: torch.Tensor | None = None,
+        max_open_fraction: float = MAX_OPEN_FRACTION,
     ) -> None:
         self.weight = weight  # [V, d] float32, the exact head
         self.bias = bias  # [V] or None
@@ -74,13 +87,17 @@ class ScreenBound:
         self.qrow_norms = qrow_norms.float().contiguous()  # [V] |Q(W_i)|, rounded up
         self.remainder_coefficients = self.qrow_norms  # [V] the factor of the state's remainder_norm in the radius
         self.row_norms = None if row_norms is None else row_norms.float().contiguous()  # [V] |W_i|, rounded up
+        self.max_open = open_budget(qweight.shape[0], max_open_fraction)  # candidates recomputed at most
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
-    def from_stage(cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict) -> "ScreenBound":
+    def from_stage(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None, tensors: dict, max_open_fraction: float = MAX_OPEN_FRACTION
+    ) -> "ScreenBound":
         """Build from the tensors of an artifact's `screen` stage."""
         coef = screen_coefficients(tensors["error_norms"], tensors["qrow_norms"], tensors["row_norms"], weight.shape[1])
-        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef, tensors["qrow_norms"], tensors["row_norms"])
+        return cls(weight, bias, tensors["qweight"], tensors["scales"], coef, tensors["qrow_norms"], tensors["row_norms"],
+                   max_open_fraction)
 
     def prepare(self, hidden: torch.Tensor) -> ScreenState:
         """Screen a batch of hidden states [B, d]."""
@@ -104,12 +121,15 @@ class ScreenBound:
     def open_topk(
         self, state: ScreenState, row: int, k: int, temperature: float, noise: torch.Tensor | None
     ) -> Opened:
-        """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise."""
+        """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise; not
+        certified (nothing recomputed: the caller falls back to the full head) past `max_open` tokens."""
         qrow_norms, remainder = self._remainder_term(state, row)
         ids = screen_select(
             state.center[row], state.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k,
             qrow_norms, remainder,
         )
+        if ids.numel() > self.max_open:
+            return Opened(ids[:0], torch.empty(0), certified=False)
         return Opened(ids, exact_logits(self.weight, self.bias, state.hidden[row], ids), certified=True)
 
     def radius(self, state: ScreenState, row: int) -> torch.Tensor:
@@ -119,7 +139,7 @@ class ScreenBound:
         return screen_radius(state.center[row], state.coefficients, hidden_norm, _SLACK, qrow_norms, remainder)
 
     def required_open(self, state: ScreenState, row: int, logits: torch.Tensor, k: int) -> None:
-        """Not tracked: the screening bound always certifies (it has no budget to exceed)."""
+        """Not tracked: past its budget the screen gives up before recomputing anything."""
         return None
 
     def tail_logsumexp(self, state: ScreenState, row: int, opened: torch.Tensor, temperature: float) -> float:
