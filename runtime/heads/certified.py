@@ -20,11 +20,8 @@ from runtime.heads.base import Bound, row_norms
 from runtime.heads.opened import Opened
 from runtime.kernels import linear
 from runtime.numerics import dot_rounding_gamma
-from runtime.sampling import SamplingParams, gumbel_noise, nucleus_size, sample_full
+from runtime.sampling import TOP_SET_SIZES, SamplingParams, gumbel_noise, nucleus_size, sample_full
 from runtime.stats import HeadStats
-
-# Sizes of the certified top-K set tried for top-p and epsilon modes before falling back.
-_TOP_SET_SIZES = (64, 1024, 16384)
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,7 @@ class CertifiedHead:
 
     def _top_p(self, row: _Row, params: SamplingParams):
         opened_total = 0
-        for size in _TOP_SET_SIZES:
+        for size in TOP_SET_SIZES:
             size = min(size, self.vocab_size)
             opened = self.bound.open_topk(row.state, row.index, size, 0.0, None)
             opened_total = int(opened.ids.numel())
@@ -151,7 +148,7 @@ class CertifiedHead:
 
     def _epsilon(self, row: _Row, params: SamplingParams):
         opened_total = 0
-        for size in _TOP_SET_SIZES:
+        for size in TOP_SET_SIZES:
             opened = self.bound.open_topk(row.state, row.index, min(size, self.vocab_size), 0.0, None)
             opened_total = int(opened.ids.numel())
             if not opened.certified:
