@@ -236,7 +236,7 @@ def test_screen_head_past_its_budget_falls_back_without_recomputing(tiny_head: T
             row_noise = None if noise is None else noise[row]
             candidates = unlimited.open_topk(wide, row, 1, params.temperature, row_noise).ids.numel()
             opened = budgeted.open_topk(state, row, 1, params.temperature, row_noise)
-            assert opened.certified == (candidates <= budgeted.max_open)
+            assert opened.certified == (candidates <= budgeted.max_open_tokens)
             assert opened.ids.numel() == (candidates if opened.certified else 0) == opened.logits.numel()
             over.append(not opened.certified)
         if params.top_p == 1.0:
@@ -246,7 +246,7 @@ def test_screen_head_past_its_budget_falls_back_without_recomputing(tiny_head: T
         assert torch.equal(head.select(hidden, params, torch.Generator().manual_seed(2)), expected)
         stats = head.stats
         assert stats.fallbacks >= sum(over) > 0 and stats.certified + stats.fallbacks == stats.rows == hidden.shape[0]
-        assert stats.recomputed_tokens <= stats.fallbacks * vocab + stats.certified * budgeted.max_open
+        assert stats.recomputed_tokens <= stats.fallbacks * vocab + stats.certified * budgeted.max_open_tokens
 
 
 def test_full_head_recomputes_everything(tiny_head: TinyHead):

@@ -68,7 +68,7 @@ class Screen4Bound(ScreenBound):
             torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + FLOAT64_SLACK))  # [V]
         self.basis_frobenius = basis_frobenius
         self.row_norms = tensors["row_norms"].float().contiguous()  # [V] |W_i|, rounded up
-        self.max_open = open_budget(self.codes.shape[0], max_open_fraction)  # candidates recomputed at most
+        self.max_open_tokens = open_budget(self.codes.shape[0], max_open_fraction)  # candidates recomputed at most
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod

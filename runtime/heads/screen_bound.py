@@ -87,7 +87,7 @@ class ScreenBound:
         self.qrow_norms = qrow_norms.float().contiguous()  # [V] |Q(W_i)|, rounded up
         self.remainder_coefficients = self.qrow_norms  # [V] the factor of the state's remainder_norm in the radius
         self.row_norms = None if row_norms is None else row_norms.float().contiguous()  # [V] |W_i|, rounded up
-        self.max_open = open_budget(qweight.shape[0], max_open_fraction)  # candidates recomputed at most
+        self.max_open_tokens = open_budget(qweight.shape[0], max_open_fraction)  # candidates recomputed at most
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
@@ -122,13 +122,13 @@ class ScreenBound:
         self, state: ScreenState, row: int, k: int, temperature: float, noise: torch.Tensor | None
     ) -> Opened:
         """Recompute every token whose upper bound reaches the k-th best lower bound of l/T + noise; not
-        certified (nothing recomputed: the caller falls back to the full head) past `max_open` tokens."""
+        certified (nothing recomputed: the caller falls back to the full head) past `max_open_tokens`."""
         qrow_norms, remainder = self._remainder_term(state, row)
         ids = screen_select(
             state.center[row], state.coefficients, float(state.hidden_norm[row]), _SLACK, temperature, noise, k,
             qrow_norms, remainder,
         )
-        if ids.numel() > self.max_open:
+        if ids.numel() > self.max_open_tokens:
             return Opened(ids[:0], torch.empty(0), certified=False)
         return Opened(ids, exact_logits(self.weight, self.bias, state.hidden[row], ids), certified=True)
 
