@@ -15,7 +15,9 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
 
 DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Without gamma=G, spec drafts 4 tokens
 per round (adapting within 1..8), or fewer where the verifier pays for fewer: 1 on the AVX2 kernels
-(runtime.kernels.PAYING_DRAFTS); trees and MJSD go 4 deep. Adding a method is one
+(runtime.kernels.PAYING_DRAFTS), and only the positions whose recent drafts were accepted often
+enough to pay for their verify rows (runtime.speculative.DraftBudget); with gamma=G every round
+drafts what the drafter finds, up to G. Trees and MJSD go 4 deep. Adding a method is one
 `register_method` call (name, parser, builder, help line, whether it preserves the target's
 distribution); the builders live in runtime.method_builders.
 """

@@ -24,6 +24,12 @@ from runtime.verify import Verdict, verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
 DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer
+# What one more verify row costs, as a share of a one-row round: T_V(n + 1) / T_V(1) - T_V(n) / T_V(1)
+# was 0.09-0.29 for n = 1..3 on the AVX-512 paths (gemma3-270m and qwen2.5-coder, certified head, Zen 4
+# EPYC and Xeon; runtime bench-verify, README "Results") and 0.11 for n = 1 on AVX2.
+VERIFY_ROW_COST = 0.15
+BUDGET_WEIGHT = 1 / 16  # DraftBudget: weight of the newest round in each position's running share
+BUDGET_PROBE_EVERY = 8  # DraftBudget: every this many cut rounds, one position more is drafted to re-measure it
 
 
 def verify_round(
@@ -76,6 +82,40 @@ def draft_lengths(gamma: int | None, target: TargetModel) -> tuple[int, int]:
     return min(DEFAULT_GAMMA, ceiling), ceiling
 
 
+class DraftBudget:
+    """Cuts each round's draft to the positions worth their verify rows (chains whose method names no gamma).
+
+    A draft at position i (0-based) adds a token only if the drafts 0..i are all accepted, and it costs
+    one more verify row, VERIFY_ROW_COST of a one-row round. `passed[i]` follows the share of recent
+    rounds drafting position i that accepted it (an exponential average, BUDGET_WEIGHT per round,
+    starting at 1: a new sequence drafts as if every draft were accepted), and a round drafts position i
+    only while every passed[j <= i] is at least VERIFY_ROW_COST. Every BUDGET_PROBE_EVERY-th cut round
+    drafts one position more, so a position that stopped paying is measured again.
+
+    The counts are the verifier's verdicts, not timings, so a seeded sampled run repeats itself.
+    """
+
+    def __init__(self, ceiling: int) -> None:
+        self.passed = [1.0] * ceiling  # [i]: running share of drafts at position i accepted through i
+        self.cuts = 0  # rounds this budget cut so far
+
+    def allowed(self, k: int) -> int:
+        """How many of k wanted drafts to draft this round."""
+        keep = 0
+        while keep < k and self.passed[keep] >= VERIFY_ROW_COST:
+            keep += 1
+        if keep < k:
+            self.cuts += 1
+            if self.cuts % BUDGET_PROBE_EVERY == 0:
+                keep += 1
+        return keep
+
+    def record(self, verdict: Verdict) -> None:
+        """Learn from one round's verdict: each drafted position, accepted through it or not."""
+        for i in range(min(verdict.drafted, len(self.passed))):
+            self.passed[i] += BUDGET_WEIGHT * (float(i < verdict.accepted) - self.passed[i])
+
+
 def next_gamma(gamma: int, verdict: Verdict, ceiling: int = MAX_GAMMA) -> int:
     """Adaptive draft length: one more after a fully accepted draft (at most `ceiling`), one fewer after a rejection."""
     if verdict.drafted == 0:
@@ -100,9 +140,11 @@ def stream_speculative(
     adaptive: bool = False,
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
+    budget: DraftBudget | None = None,
 ) -> TokenStream:
     """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward (None:
-    the target's default, draft_lengths).
+    the target's default, draft_lengths, within `budget`: a DraftBudget that learns across the calls
+    given it, else a new one).
 
     prompt: [P] token ids. A token stream (runtime.decode): the new tokens (EOS included if
     produced), then the stats. The
@@ -112,6 +154,10 @@ def stream_speculative(
     stop: stop strings, checked after every appended token (accepted, recovered or bonus); the
     tokens end with the one that completes a stop string (included), as in generate_ar.
     """
+    if gamma is not None:
+        budget = None
+    elif budget is None:
+        budget = DraftBudget(MAX_GAMMA)
     gamma, ceiling = draft_lengths(gamma, target)
 
     def begin(cache, ban: TokenBan, spec: SpecStats) -> Round:
@@ -121,6 +167,8 @@ def stream_speculative(
             nonlocal gamma
             # The cache holds context[:-1]; the last token is fed with the drafts.
             k = min(gamma, left - 1)
+            if budget is not None:
+                k = budget.allowed(k)
             t0 = time.perf_counter()
             proposal = drop_banned(drafter.propose(context, k), ban, len(context))
             t1 = time.perf_counter()
@@ -130,6 +178,8 @@ def stream_speculative(
             drafter.observe(verdict)
             spec.seconds_draft += (t1 - t0) + (time.perf_counter() - t2)
             spec.seconds_verify += t2 - t1
+            if budget is not None:
+                budget.record(verdict)
             if adaptive:
                 gamma = next_gamma(gamma, verdict, ceiling)
             return verdict

@@ -15,7 +15,9 @@ from runtime.decode import generate_ar
 from runtime.drafters import LayerDrafter, LookupDrafter, NgramDrafter
 from runtime.methods import DrafterSpec, parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
-from runtime.speculative import DEFAULT_GAMMA, MAX_GAMMA, draft_lengths, generate_speculative, next_gamma
+from runtime.drafters.base import Proposal
+from runtime.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, draft_lengths,
+                                  generate_speculative, next_gamma)
 from runtime.backends.hf import TransformersTarget
 from runtime.backends.lean import lean_target
 from runtime.sampling import SamplingParams
@@ -350,3 +352,59 @@ def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch
         assert tokens == reference
         longest = len(stats.spec.drafted_per_position)  # the most tokens any round drafted
         assert (longest == 1) if capped else (longest > 1), (path, gamma, adaptive, longest)
+
+
+# --- draft budget ---------------------------------------------------------------------------
+
+
+def test_draft_budget_cuts_positions_that_stop_paying_and_measures_them_again():
+    budget = DraftBudget(4)
+    assert budget.allowed(4) == 4 and budget.allowed(2) == 2  # a new budget drafts what is asked
+    for _ in range(30):  # the first draft always accepted, the others never
+        budget.record(Verdict(4, 1, [0, 0]))
+    kept = [budget.allowed(4) for _ in range(2 * BUDGET_PROBE_EVERY)]
+    assert sorted(set(kept)) == [1, 2] and kept.count(2) == 2  # every BUDGET_PROBE_EVERY-th cut round probes one more
+    assert budget.allowed(1) == 1  # the first position still pays
+    recovered = None
+    for round_ in range(12 * BUDGET_PROBE_EVERY):  # now every draft is accepted
+        k = budget.allowed(4)
+        budget.record(Verdict(k, k, [0] * (k + 1)))
+        if k == 4:
+            recovered = round_
+            break
+    assert recovered is not None and recovered < 8 * BUDGET_PROBE_EVERY, recovered
+
+
+class WrongDrafter:
+    """Drafts k tokens after the context, the first always differing from the target's next token."""
+
+    def __init__(self, prompt: list[int], reference: list[int], vocab: int) -> None:
+        self.prompt, self.reference, self.vocab = prompt, reference, vocab
+
+    def reset(self, prompt, params, generator, ban=None) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        right = self.reference[len(context) - len(self.prompt)]
+        return Proposal(torch.tensor([(right + 1) % self.vocab] * k, dtype=torch.long))
+
+    def observe(self, verdict: Verdict) -> None:
+        pass
+
+
+def test_a_draft_budget_stops_drafting_what_is_never_accepted(target):
+    """Without gamma=G the loop stops paying verify rows for drafts that fail (probing now and then),
+    and a budget given to several calls keeps what it learned; the tokens stay generate_ar's."""
+    prompt = PROMPTS["random"]
+    n = 128
+    reference = ar_tokens(target, prompt, n + 1)
+    drafter = WrongDrafter(prompt, reference, target.head_weight.shape[0])
+    head = full_head(target)
+    fixed, fixed_stats = generate_speculative(target, head, drafter, torch.tensor(prompt), n, gamma=4)
+    budget = DraftBudget(MAX_GAMMA)
+    first, first_stats = generate_speculative(target, head, drafter, torch.tensor(prompt), n, budget=budget)
+    again, again_stats = generate_speculative(target, head, drafter, torch.tensor(prompt), n, budget=budget)
+    assert fixed == first == again == reference[:n]
+    assert fixed_stats.spec.drafted == sum(min(4, n - 2 - i) for i in range(n - 1))  # 4 a round, fewer at the end
+    assert first_stats.spec.drafted < fixed_stats.spec.drafted / 2
+    assert again_stats.spec.drafted <= (n - 1) // BUDGET_PROBE_EVERY + 1  # only the probes, one token each
