@@ -63,8 +63,9 @@ class MarkovDrafter:
 
 @pytest.mark.parametrize(
     "params, point_mass, gamma",
-    [(SamplingParams(temperature=0.8, top_k=6, top_p=0.9), False, 3), (SamplingParams(temperature=1.0), True, 2)],
-    ids=["top-k+top-p", "point-mass"],
+    [(SamplingParams(temperature=0.8, top_k=6, top_p=0.9), False, 3), (SamplingParams(temperature=1.0), True, 2),
+     (SamplingParams(temperature=0.8, top_k=6, top_p=0.9), True, 3)],
+    ids=["top-k+top-p", "point-mass", "point-mass-top-k+top-p"],
 )
 def test_sampled_loop_follows_the_target(params, point_mass, gamma):
     """Tokens 1..3 of generate_speculative follow rows of P, P^2, P^3 (P = warped target chain)
