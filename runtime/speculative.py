@@ -92,7 +92,8 @@ class DraftBudget:
     only while every passed[j <= i] is at least VERIFY_ROW_COST. Every BUDGET_PROBE_EVERY-th cut round
     drafts one position more, so a position that stopped paying is measured again.
 
-    The counts are the verifier's verdicts, not timings, so a seeded sampled run repeats itself.
+    The counts are the verifier's verdicts, not timings, so a seeded sampled run repeats itself (given
+    the same earlier calls on the same budget).
     """
 
     def __init__(self, ceiling: int) -> None:
