@@ -19,7 +19,7 @@ from runtime.heads.screen_draft import ScreenDraftHead
 from runtime.methods import MethodSpec, parse_method
 from runtime.sampling import SamplingParams
 from runtime.session import Session
-from runtime.speculative import DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, stream_speculative
+from runtime.speculative import DEFAULT_GAMMA, DraftBudget, stream_speculative
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
 
@@ -107,7 +107,7 @@ def speculative(session: Session, spec: MethodSpec) -> Streamer:
     context = DraftContext(session.target, own, session.artifact, session.model.info)
     drafter = DRAFTERS[spec.drafter.name].build(context, spec.drafter.args)
     shortlist = drafter.head if isinstance(drafter, ShortlistDrafting) else None
-    budget = DraftBudget(MAX_GAMMA)  # like the lookup drafter's session, it learns across this method's calls
+    budget = DraftBudget()  # like the lookup drafter's session, it learns across this method's calls
 
     def stream(prompt, n, params, generator, min_new_tokens=0, stop=None):
         before = None if shortlist is None else replace(shortlist.stats)

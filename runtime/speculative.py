@@ -96,7 +96,7 @@ class DraftBudget:
     the same earlier calls on the same budget).
     """
 
-    def __init__(self, ceiling: int) -> None:
+    def __init__(self, ceiling: int = MAX_GAMMA) -> None:
         self.passed = [1.0] * ceiling  # [i]: running share of drafts at position i accepted through i
         self.cuts = 0  # rounds this budget cut so far
 
@@ -158,7 +158,7 @@ def stream_speculative(
     if gamma is not None:
         budget = None
     elif budget is None:
-        budget = DraftBudget(MAX_GAMMA)
+        budget = DraftBudget()
     gamma, ceiling = draft_lengths(gamma, target)
 
     def begin(cache, ban: TokenBan, spec: SpecStats) -> Round:

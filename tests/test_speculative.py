@@ -401,7 +401,7 @@ def test_a_draft_budget_stops_drafting_what_is_never_accepted(target):
     drafter = WrongDrafter(prompt, reference, target.head_weight.shape[0])
     head = full_head(target)
     fixed, fixed_stats = generate_speculative(target, head, drafter, torch.tensor(prompt), n, gamma=4)
-    budget = DraftBudget(MAX_GAMMA)
+    budget = DraftBudget()
     first, first_stats = generate_speculative(target, head, drafter, torch.tensor(prompt), n, budget=budget)
     again, again_stats = generate_speculative(target, head, drafter, torch.tensor(prompt), n, budget=budget)
     assert fixed == first == again == reference[:n]
