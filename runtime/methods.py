@@ -29,8 +29,7 @@ from typing import Callable
 
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
 from runtime.method_spec import HEADS, METHODS, DrafterSpec, MethodEntry, MethodSpec, canonical, register_method
-
-MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA (runtime.speculative checks it too)
+from runtime.speculative import MAX_GAMMA
 DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "
                        "spec:lookup+csv, else spec:lookup")
 
@@ -253,5 +252,5 @@ register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
                             f"(default {LLAMACPP_LOOKUP_TOKENS}); needs the llamacpp extra)", distribution_preserving=False))
 
 
-__all__ = ["HEADS", "MAX_GAMMA", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "loop_options",
+__all__ = ["HEADS", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "loop_options",
            "methods_help", "parse_method", "parse_methods", "register_method"]

@@ -22,7 +22,7 @@ from runtime.stopping import StopStrings
 from runtime.backends.base import TargetModel
 from runtime.verify import Verdict, verify_exact, verify_greedy
 
-MAX_GAMMA = 8  # adaptive draft length stays in 1..MAX_GAMMA
+MAX_GAMMA = 8  # gamma=G, the adaptive draft length and the draft budget stay in 1..MAX_GAMMA (the grammar checks it too)
 DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer
 # What one more verify row costs, as a share of a one-row round: T_V(n + 1) / T_V(1) - T_V(n) / T_V(1)
 # was 0.09-0.29 for n = 1..3 on the AVX-512 paths (gemma3-270m and qwen2.5-coder, certified head, Zen 4

@@ -10,7 +10,8 @@ import torch
 
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.method_spec import BOUNDS
-from runtime.methods import DEFAULT_METHOD_HELP, MAX_GAMMA, MethodSpec, canonical, methods_help, parse_method
+from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
+from runtime.speculative import MAX_GAMMA
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
 ALIASES = ("--drafter", "--gamma", "--adaptive", "--no-verifier", "--target-head")
