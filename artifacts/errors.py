@@ -35,14 +35,15 @@ class ArtifactError(Exception):
 
 
 class NotAnArtifact(ArtifactError):
-    """The path is missing, or its manifest is missing or not valid JSON."""
+    """The path is missing, or its manifest is missing or damaged (`damaged`: then building into the same
+    directory would meet the same manifest, so the fix names a new one)."""
 
-    def __init__(self, path: Path | str, reason: str) -> None:
+    def __init__(self, path: Path | str, reason: str, damaged: bool = False) -> None:
         self.path = Path(path)
-        super().__init__(
-            f"{path} is not a specvocab artifact ({reason}); check the path, "
-            f"or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`"
-        )
+        fix = (f"restore its {MANIFEST_FILE}, or remove the directory, or build into a new one with "
+               f"`{RECIPE_COMMAND.format(model='MODEL', artifact='NEWDIR')}`" if damaged else
+               f"check the path, or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`")
+        super().__init__(f"{path} is not a specvocab artifact ({reason}); {fix}")
 
 
 class UnknownFormatVersion(ArtifactError):

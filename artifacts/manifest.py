@@ -167,9 +167,9 @@ def read_manifest(path: Path) -> Manifest:
     try:
         data = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise NotAnArtifact(path, f"{MANIFEST_FILE} is not valid JSON: {e}") from e
+        raise NotAnArtifact(path, f"{MANIFEST_FILE} is not valid JSON: {e}", damaged=True) from e
     if not isinstance(data, dict) or ManifestKey.FORMAT_VERSION not in data:
-        raise NotAnArtifact(path, f"{MANIFEST_FILE} has no {ManifestKey.FORMAT_VERSION}")
+        raise NotAnArtifact(path, f"{MANIFEST_FILE} has no {ManifestKey.FORMAT_VERSION}", damaged=True)
     version = data[ManifestKey.FORMAT_VERSION]
     # Checked before anything else: another version may lay out the rest differently.
     if type(version) is not int or version not in READABLE_VERSIONS:
@@ -177,7 +177,7 @@ def read_manifest(path: Path) -> Manifest:
     try:
         return Manifest.from_json(data)
     except ValueError as e:
-        raise NotAnArtifact(path, f"{MANIFEST_FILE} is malformed: {e}") from e
+        raise NotAnArtifact(path, f"{MANIFEST_FILE} is malformed: {e}", damaged=True) from e
 
 
 def write_manifest(path: Path, manifest: Manifest) -> None:

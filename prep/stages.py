@@ -23,6 +23,7 @@ import torch
 from artifacts import Artifact, ArtifactError, ArtifactLocked, StageExists
 from artifacts.atomic import WriterLock, remove_dead_leftovers
 from artifacts.format import MANIFEST_FILE, Stage
+from artifacts.manifest import read_manifest
 from artifacts.writing import check_output_dir
 from prep.cluster import build_clusters
 from prep.screen import build_screen
@@ -41,7 +42,8 @@ def created_by() -> str:
 
 @contextmanager
 def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
-    """Check and lock the output directory before any work; an empty directory made here is removed on failure."""
+    """Check and lock the output directory before any work; a directory made here that holds no built stage
+    when the command ends (it failed, or refused a value once the model was known) is removed."""
     path = Path(out)
     made = not path.exists()
     try:
@@ -60,11 +62,20 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
         yield path
     finally:
         lock.release()
-        if made and not (path / MANIFEST_FILE).exists():
-            try:
-                path.rmdir()
-            except OSError:
-                pass
+        if made:
+            _remove_if_unbuilt(path)
+
+
+def _remove_if_unbuilt(path: Path) -> None:
+    """Remove `path` (made by this command) if no stage was built in it: its manifest, then the folder."""
+    try:
+        if (path / MANIFEST_FILE).exists():
+            if read_manifest(path).stages:
+                return
+            (path / MANIFEST_FILE).unlink()
+        path.rmdir()
+    except (ArtifactError, OSError):
+        pass  # something else is there: leave it
 
 
 @contextmanager

@@ -26,7 +26,7 @@ import torch
 
 from runtime.decode import TokenStream
 from runtime.method_builders import Method, build_method
-from runtime.methods import MethodSpec, default_method, parse_method
+from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
 from runtime.prompting import encode_prompt
 from runtime.sampling import SamplingParams
 from runtime.session import Session, open_session
@@ -164,7 +164,7 @@ class Engine:
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import kernel_name
 
-        specs = [parse_method(m) if isinstance(m, str) else m for m in methods]
+        specs = check_distinct([parse_method(m) if isinstance(m, str) else m for m in methods])
         if not any(spec.name == "ar" and spec.backend is None for spec in specs):
             specs.insert(0, parse_method("ar"))  # speedups are always against ar measured in the same run
         if min_response_tokens < 0:

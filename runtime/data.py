@@ -106,6 +106,8 @@ def prompts_from_file(path: str | Path) -> list[str]:
             raise ValueError(
                 f"{path}: item {i} should be an object with a string \"text\" field, got {item!r:.60}"
             )
+        if not item["text"]:
+            raise ValueError(f"{path}: item {i} has an empty \"text\"; give it some text, or remove it")
         prompts.append(item["text"])
     return prompts
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from artifacts import Artifact, ArtifactError, ModelInfo, same_model
+from artifacts.format import tensor_filename
 
 _MIB = 1 << 20
 
@@ -53,7 +54,8 @@ def _header_lines(artifact: Artifact) -> list[str]:
 
 
 def _stage_report(artifact: Artifact) -> tuple[list[str], list[str]]:
-    """Return per-stage lines (created_at, params, files with checksum status) and file problems."""
+    """Return per-stage lines (created_at, params, files with checksum status) and file problems; a stage
+    whose files pass their checksums is also read as the runtime reads it (safetensors, schema)."""
     lines: list[str] = []
     problems: list[str] = []
     for name in artifact.stages:
@@ -68,4 +70,10 @@ def _stage_report(artifact: Artifact) -> tuple[list[str], list[str]]:
             lines.append(f"  {filename}: {file.size / _MIB:.2f} MiB, {problem or 'checksum ok'}")
             if problem:
                 problems.append(f"stage {name!r}: {problem}")
+        if tensor_filename(name) in record.files and not any(p.startswith(f"stage {name!r}:") for p in problems):
+            try:
+                artifact.read_stage(name)
+            except ArtifactError as e:
+                lines.append("  contents: cannot be used (the problem below)")
+                problems.append(str(e))
     return lines, problems

@@ -30,6 +30,8 @@ from typing import Callable
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
 from runtime.method_spec import HEADS, METHODS, DrafterSpec, MethodEntry, MethodSpec, canonical, register_method
 from runtime.speculative import MAX_GAMMA
+
+LOOP_OPTIONS = ("gamma", "adaptive", "no-verifier")  # spec options the loop takes (loop_options), each at most once
 DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "
                        "spec:lookup+csv, else spec:lookup")
 
@@ -64,14 +66,31 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """A comma-separated list of method names, each parsed."""
-    return [parse_method(part) for part in text.split(",") if part.strip()]
+    """A comma-separated list of method names, each parsed, none named twice (check_distinct)."""
+    return check_distinct([parse_method(part) for part in text.split(",") if part.strip()])
+
+
+def check_distinct(specs: list[MethodSpec]) -> list[MethodSpec]:
+    """`specs`, or a ValueError naming a method listed twice (also under two spellings): a bench runs each
+    method once per prompt, and two runs of one method would be reported as one."""
+    first_text: dict[str, str] = {}
+    for spec in specs:
+        name = canonical(spec)
+        if name in first_text:
+            same = "is listed twice" if first_text[name] == spec.text else f"names the same method as {first_text[name]!r}"
+            raise ValueError(f"{spec.text or name!r} {same}; list each method once")
+        first_text[name] = spec.text or name
+    return specs
 
 
 def loop_options(args: list[str]) -> tuple[list[str], dict]:
     """Split spec arguments into the drafter's and the loop's (gamma=G, adaptive, no-verifier)."""
-    rest, loop = [], {}
+    rest, loop, given = [], {}, set()
     for part in args:
+        option = part.partition("=")[0]
+        if option in LOOP_OPTIONS and option in given:
+            raise ValueError(f"{option} is given twice; give each option once, e.g. spec:ngram:gamma=6:adaptive")
+        given.add(option)
         if part == "adaptive":
             loop["adaptive"] = True
         elif part == "no-verifier":
@@ -212,9 +231,9 @@ def _builder(name: str) -> Callable:
 
 
 register_method(MethodEntry("ar", _ar, _builder("autoregressive"), "ar[:native|lean|transformers] (plain decoding; ar:BACKEND: on another backend, a same-run reference)"))
-register_method(MethodEntry("csv", _csv, _builder("autoregressive"), "csv[:screen|cluster] (certified head)"))
+register_method(MethodEntry("csv", _csv, _builder("autoregressive"), "csv[:screen|screen4|cluster] (certified head)"))
 register_method(MethodEntry("spec", _spec, _builder("speculative"),
-                            "spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:cluster]] (speculative decoding)"))
+                            "spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen4|cluster]] (speculative decoding)"))
 for _name in ("dynaspec", "frspec"):
     register_method(MethodEntry(
         _name, lambda args, head, name=_name: _spec([name, *args], head, name="spec"), _builder("speculative"),
@@ -252,5 +271,5 @@ register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
                             f"(default {LLAMACPP_LOOKUP_TOKENS}); needs the llamacpp extra)", distribution_preserving=False))
 
 
-__all__ = ["HEADS", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "loop_options",
+__all__ = ["HEADS", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "check_distinct", "loop_options",
            "methods_help", "parse_method", "parse_methods", "register_method"]

@@ -10,6 +10,7 @@ import torch
 from factories import tiny_engine
 from runtime import api
 from runtime.decode import generate_ar
+from runtime.methods import parse_method
 from runtime.sampling import SamplingParams
 
 
@@ -71,6 +72,10 @@ def test_bench_puts_ar_first_and_reports_identity_and_peak_rss(engine):
     assert [row["method"] for row in record["methods"]] == ["ar", "csv", "spec:ngram"]
     assert all(row["identical_to_greedy"] == 1.0 and row["distribution_preserving"] for row in record["methods"])
     assert record["setup"]["n"] == 2 and record["setup"]["peak_rss_mib"] > 0
+    with pytest.raises(ValueError, match="'spec:ngram' is listed twice"):  # two runs would be reported as one row
+        engine.bench(["spec:ngram", "spec:ngram"], ["hi w7 w8"], max_new_tokens=2)
+    with pytest.raises(ValueError, match="'csv:screen' names the same method as 'csv'"):
+        engine.bench(["csv", parse_method("csv:screen")], ["hi w7 w8"], max_new_tokens=2)
 
 
 def test_set_threads():

@@ -235,6 +235,16 @@ def test_a_stage_holding_another_stages_file_is_a_schema_error(art: Artifact) ->
     _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
     with pytest.raises(SchemaMismatch, match=r"lacks tensor\(s\) qweight.*holds stage 'clusters'.*--force"):
         Artifact.open(art.path).read_stage(Stage.SCREEN)
+    from runtime.describe import describe_artifact
+
+    report, valid = describe_artifact(art.path)  # its checksum passes, so only reading it finds the problem
+    assert not valid and "screen.safetensors: 0.00 MiB, checksum ok" in report
+    assert "contents: cannot be used" in report and "problem: " in report and "holds stage 'clusters'" in report
+
+    (art.path / "screen.safetensors").write_bytes(b"\xff" * 64)  # not safetensors at all
+    _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
+    report, valid = describe_artifact(art.path)
+    assert not valid and "screen.safetensors cannot be read" in report
 
 
 def test_the_loaded_file_is_always_verified(art: Artifact) -> None:

@@ -43,8 +43,8 @@ def test_bench_chat_records_the_guard_and_stays_identical(tiny_model_dir, tmp_pa
     assert CliRunner().invoke(prep_main, ["cluster", str(model), "-o", str(art), "--clusters", "8"]).exit_code == 0
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"text": "w5 w6 w7 w5 w6"}]))
-    out = tmp_path / "bench.json"
     for extra, guard in (([], 0), (["--chat"], 4), (["--chat", "--min-response-tokens", "2"], 2)):
+        out = tmp_path / f"bench-{guard}.json"  # a run never replaces an earlier one's record
         result = CliRunner().invoke(runtime_main, ["bench", str(art), "--prompts", str(prompts), "--methods",
                                                    "ar,spec:ngram,spec:layers:1", "-n", "1", "--max-new-tokens", "8",
                                                    "--json", str(out), *extra])

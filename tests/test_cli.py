@@ -115,12 +115,14 @@ def test_a_corrupted_stage_is_refused(artifact_copy: Path):
 
 def test_generate_csv_prints_the_same_text_as_ar(artifact: Path):
     outputs = {}
-    for method in ("ar", "csv"):
+    for method in ("ar", "csv", "ar:transformers"):
         result = invoke(runtime_main, ["generate", artifact, "--method", method, "--prompt", "hi",
-                                       "--max-new-tokens", 4])
+                                       "--max-new-tokens", 4, "--backend", "lean"])
         assert result.exit_code == 0, result.output
         outputs[method] = result.stdout
-        assert f"[{'csv:screen' if method == 'csv' else 'ar'}]" in result.stderr
+        assert f"[{'csv:screen' if method == 'csv' else method}]" in result.stderr
+        # the backend that decoded: ar:transformers overrides --backend
+        assert f"({'transformers' if method == 'ar:transformers' else 'lean'} backend, " in result.stderr
     assert outputs["csv"] == outputs["ar"]
     assert outputs["ar"].strip(), "the tiny model produced no text: the comparison tests nothing"
 
@@ -236,6 +238,12 @@ def test_bench_writes_json_markdown_and_png(artifact: Path, tmp_path: Path):
     summary = invoke(runtime_main, ["bench-summary", out])
     assert summary.exit_code == 0, summary.output
     assert "| 3 of 3 |" in summary.stdout and f"- {out}: code" in summary.stdout  # ar and both csv bounds = ar
+    again = ["bench", artifact, "--prompts", prompts, "--methods", "ar", "-n", 1, "--max-new-tokens", 2, "--json", out]
+    assert_clean_error(invoke(runtime_main, again), "exists (an earlier run's output)", "--force")
+    assert json.loads(out.read_text()) == record  # refused: the earlier record is kept
+    replaced = invoke(runtime_main, [*again, "--force"])
+    assert replaced.exit_code == 0, replaced.output
+    assert [row["method"] for row in json.loads(out.read_text())["methods"]] == ["ar"]
 
 
 @pytest.mark.parametrize("content, fragment", [

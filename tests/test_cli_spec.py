@@ -98,8 +98,8 @@ def test_bench_verify_prints_the_ratio_table(artifact: Path, tmp_path: Path):
     words = " ".join(f"w{4 + i % 200}" for i in range(60))
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"text": words}]))
-    out = tmp_path / "verify.json"
     for head in ("full", "csv"):
+        out = tmp_path / f"verify-{head}.json"  # a run never replaces an earlier one's record
         result = invoke(["bench-verify", artifact, "--head", head, "--prompts", prompts, "--context", 20,
                          "--max-n", 4, "--repeats", 2, "--json", out])
         assert result.exit_code == 0, result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 
@@ -67,6 +68,8 @@ class TransformersTarget:
         self.head_bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
         self.vocab_size, self.hidden_size = self.head_weight.shape
         self.eos_token_ids = frozenset(eos_token_ids)
+        # transformers 5 names the forward's cache `cache` and warns on every call given `past_key_values`
+        self._cache_keyword = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
         # GGUF-dequantized weights (qwen2.5-coder) hold subnormal floats that make x86 matmuls
         # ~10x slower; flushing them to zero changes values below 1e-38 only, like llama.cpp does.
         torch.set_flush_denormal(True)
@@ -80,7 +83,7 @@ class TransformersTarget:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: TransformersCache) -> torch.Tensor:
         """Append tokens [T] to the cache and return final-normed hidden states [T, d]."""
-        out = self.body(input_ids=tokens.view(1, -1), past_key_values=cache.inner, use_cache=True)
+        out = self.body(input_ids=tokens.view(1, -1), use_cache=True, **{self._cache_keyword: cache.inner})
         cache.length += tokens.numel()
         return out.last_hidden_state[0]
 

@@ -53,9 +53,17 @@ def write_json(record: dict, path: Path) -> None:
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
+REPORT_SUFFIXES = (".md", ".png")  # the table and the plot beside a bench record
+
+
+def report_paths(json_path: Path) -> tuple[Path, Path, Path]:
+    """The files write_reports writes for json_path: it, and the .md table and .png plot beside it."""
+    return json_path, *(json_path.with_suffix(suffix) for suffix in REPORT_SUFFIXES)
+
+
 def write_reports(record: dict, json_path: Path) -> tuple[Path, Path, Path]:
     """Write JSON at json_path, and .md / .png beside it (same stem)."""
-    md_path, png_path = json_path.with_suffix(".md"), json_path.with_suffix(".png")
+    _, md_path, png_path = report_paths(json_path)
     write_json(record, json_path)
     atomic_write_bytes(md_path, (_markdown_document(record) + "\n").encode())
     plot(record, png_path)

@@ -39,7 +39,7 @@ def model_options(command):
         click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True,
                      help="Backend (the TargetModel implementation): lean (hand-written forward, gemma3/qwen2/llama), "
                           "transformers, native where available, or auto (the fastest exact one supported)."),
-        click.option("--threads", type=values.COUNT, default=None, help="Torch threads (default: every core this process may use)."),
+        click.option("--threads", type=values.THREADS, default=None, help="Torch threads (default: every core this process may use)."),
     ]
     for option in reversed(options):
         with_threads = option(with_threads)

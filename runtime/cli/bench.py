@@ -8,6 +8,7 @@ import sys
 import click
 import torch
 
+from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.method_spec import BOUNDS
@@ -20,17 +21,19 @@ from runtime.methods import methods_help
               help="humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
 @click.option("--methods", "specs", type=values.MethodList(), default="ar,csv:screen", show_default=True,
               help=f"Comma-separated method names. {methods_help()}")
-@click.option("-n", "num_prompts", type=values.COUNT, default=12, show_default=True)
+@click.option("-n", "num_prompts", type=values.COUNT, default=12, show_default=True,
+              help="Prompts to run (a prompts file may hold fewer).")
 @click.option("--max-new-tokens", type=values.COUNT, default=128, show_default=True)
 @click.option("--chat", is_flag=True, help="Wrap prompts in the chat template.")
 @min_response_option
-@click.option("--json", "json_path", type=values.OutputFile((".md", ".png")), default="bench-out/bench.json",
+@click.option("--json", "json_path", type=values.OutputFile(REPORT_SUFFIXES), default="bench-out/bench.json",
               show_default=True, help="JSON output; the .md table and .png plot go beside it (checked writable first).")
+@click.option("--force", is_flag=True, help=values.FORCE_HELP)
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @model_options
 @clean_errors
-def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, model,
+def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, force, model,
           temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s, speedup over ar in one run, peak RSS.
 
@@ -45,6 +48,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     from runtime.data import load_prompts
 
     # Every cheap check before the model loads (the options' types did the rest).
+    values.refuse_replacing(report_paths(json_path), force)
     params = sampling_params(temperature, top_k, top_p, epsilon)
     texts = load_prompts(prompt_source, num_prompts)
     engine = api.load(artifact, model, backend=backend)
@@ -74,7 +78,7 @@ def bench_summary(records) -> None:
 
 @main.command("bench-kernels")
 @click.argument("artifact", type=click.Path())
-@click.option("--prompt", type=values.Text(), default="def fibonacci(n):", show_default=True,
+@click.option("--prompt", type=values.Text(nonempty=True), default="def fibonacci(n):", show_default=True,
               help="Text whose last hidden state is screened.")
 @click.option("--repeats", type=values.COUNT, default=20, show_default=True)
 @model_options
@@ -109,9 +113,10 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
 @click.option("--formats", default=",".join(SCREEN_FORMATS), show_default=True, help="Screen formats to measure.")
 @click.option("--json", "json_path", type=values.OutputFile(), default=None,
               help="Also write the table as JSON (checked writable first).")
+@click.option("--force", is_flag=True, help=values.FORCE_HELP)
 @model_options
 @clean_errors
-def bench_screen(artifact, prompt_source, positions, formats, json_path, backend) -> None:
+def bench_screen(artifact, prompt_source, positions, formats, json_path, force, backend) -> None:
     """Measure how much of the vocabulary a lower-bit screen of the head leaves to recompute (greedy, sound bound).
 
     \b
@@ -127,6 +132,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, backend
     unknown = [f for f in chosen if f not in SCREEN_FORMATS]
     if unknown:
         raise click.BadParameter(f"unknown format {unknown[0]!r}; choose from {', '.join(SCREEN_FORMATS)}", param_hint="--formats")
+    values.refuse_replacing([json_path] if json_path else [], force)
     engine = api.load(artifact, backend=backend)
     target = engine.session.target
     hidden = []
@@ -166,18 +172,20 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, backend
               help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
 @click.option("--context", type=values.COUNT, default=180, show_default=True,
               help="Tokens in the cache before the verify forward.")
-@click.option("--max-n", type=values.COUNT, default=8, show_default=True,
-              help="Largest number of tokens per verify forward.")
+@click.option("--max-n", type=values.Integer(1, 16), default=8, show_default=True,
+              help="Largest number of tokens per verify forward (at most 16, the rows a forward keeps batch-invariant).")
 @click.option("--repeats", type=values.COUNT, default=10, show_default=True,
               help="Timings per n (the median is reported).")
 @click.option("--trees", default="4,8,16,32", show_default=True,
               help="Also time SWARM token trees of these node counts (4 candidates per node; lean/native), or none.")
 @click.option("--json", "json_path", type=values.OutputFile(), default=None,
               help="Also write the table as JSON (checked writable first).")
+@click.option("--force", is_flag=True, help=values.FORCE_HELP)
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @model_options
 @clean_errors
-def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, trees, json_path, model, backend) -> None:
+def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, trees, json_path, force, model,
+                 backend) -> None:
     """Time one target forward over n = 1..8 new tokens plus the greedy head work: T_V(n) / T_V(1).
 
     \b
@@ -192,6 +200,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if n.strip().isdigit() and 1 <= int(n) <= 64)
     if trees != "none" and (not sizes or len(sizes) != len(trees.split(","))):
         raise click.BadParameter(f"node counts in 1..64 separated by commas, or none; not {trees!r}", param_hint="--trees")
+    values.refuse_replacing([json_path] if json_path else [], force)
     texts = load_prompts(prompt_source, 64)
     engine = api.load(artifact, model, backend=backend)
     session = engine.session

@@ -109,11 +109,13 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     stats = run.stats
     summary = stats.head.summary()
     label = canonical(spec) if spec.verifier else f"{spec.drafter} alone, no verifier"
+    ran_on = "llama.cpp" if spec.name == "llamacpp" else f"{spec.backend or engine.session.target.name} backend"
+    head = ("" if spec.name == "llamacpp" else  # llama.cpp's own head: nothing certified or recomputed here
+            f"; certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
+            f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary")
     click.echo(
-        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode ({engine.session.target.name} backend, "
-        f"{torch.get_num_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s; "
-        f"certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
-        f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary",
+        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode ({ran_on}, "
+        f"{torch.get_num_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s{head}",
         err=True,
     )
     if stats.spec is not None:

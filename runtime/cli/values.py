@@ -76,15 +76,21 @@ class Integer(click.ParamType):
 
 
 class Text(click.ParamType):
-    """Text typed on the command line: it must be UTF-8 (a stray byte arrives as a lone surrogate)."""
+    """Text typed on the command line: it must be UTF-8 (a stray byte arrives as a lone surrogate), and
+    not empty where `nonempty`."""
 
     name = "text"
+
+    def __init__(self, nonempty: bool = False) -> None:
+        self.nonempty = nonempty
 
     def convert(self, value, param, ctx):
         bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
         if bad is not None:
             self.fail(f"holds a byte that is not UTF-8 (character {bad}); pass UTF-8 text, or put the text in a "
                       "UTF-8 file and use --prompt-file", param, ctx)
+        if self.nonempty and not value:
+            self.fail("is empty; give some text", param, ctx)
         return value
 
 
@@ -197,11 +203,28 @@ class OutputFile(click.ParamType):
 
     def convert(self, value, param, ctx):
         path = Path(value)
+        if not path.name:  # "", ".", "..": a folder, which has no stem to put the outputs beside
+            self.fail(f"cannot write {value!r}: it is a directory; give a file path, e.g. bench-out/run.json", param, ctx)
+        if path.suffix in self.siblings:
+            self.fail(f"{path}: the {path.suffix} output goes beside the JSON and would replace it; give a path "
+                      f"ending in .json", param, ctx)
         for target in (path, *(path.with_suffix(s) for s in self.siblings)):
             problem = unwritable(target)
             if problem:
                 self.fail(f"cannot write {target}: {problem}; choose a writable path", param, ctx)
         return path
+
+
+FORCE_HELP = "Replace output files an earlier run left at the --json path (refused otherwise)."
+
+
+def refuse_replacing(paths: list[Path], force: bool) -> None:
+    """A one-line usage error, before any work, when an output file exists and --force was not given:
+    an earlier run's results are never replaced silently."""
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise click.UsageError(f"{existing[0]} exists (an earlier run's output); pass another --json path, or "
+                               f"--force to replace it")
 
 
 def unwritable(path: Path) -> str | None:
@@ -237,5 +260,6 @@ TEMPERATURE = Number(0, hint=" (0 = greedy)")
 TOP_P = Number(0, 1, low_open=True, hint=" (1 = off)")
 EPSILON = Number(0, 1, low_open=True, high_open=True, hint=" (the total variation the csv head may allow)")
 SEED = Integer(0, 2**63 - 1)
-COUNT = Integer(1)  # a number of things (tokens, prompts, threads, repeats): at least 1
+COUNT = Integer(1)  # a number of things (tokens, prompts, repeats): at least 1
+THREADS = Integer(1, len(os.sched_getaffinity(0)), hint=" (the cores this process may use)")
 NON_NEGATIVE = Integer(0)

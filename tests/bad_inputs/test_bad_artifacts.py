@@ -106,7 +106,8 @@ def test_a_missing_parameter(art: Path):
 ], ids=["not-json", "future-version", "malformed", "empty"])
 def test_a_bad_manifest_is_refused_by_prep(art: Path, tiny_model: Path, manifest: str, says: str):
     (art / MANIFEST_FILE).write_text(manifest)
-    prep_fails(["cluster", tiny_model, "-o", art, *TINY_CLUSTERS], says, unchanged=(art,))
+    line = prep_fails(["cluster", tiny_model, "-o", art, *TINY_CLUSTERS], says, unchanged=(art,))
+    assert "NEWDIR" in line and f"-o {art}`" not in line  # building into the same folder would meet the same manifest
 
 
 def test_a_manifest_with_an_escaping_file_name(art: Path, tiny_model: Path):

@@ -42,14 +42,15 @@ def generate(art: Path, *flags) -> list:
     (["--epsilon", "1"], "give a number in (0, 1)"),
     (["--seed", "-1"], "give an integer in [0,"),
     (["--seed", str(2**64)], "give an integer in [0,"),
-    (["--threads", "0"], "give an integer >= 1"),
+    (["--threads", "0"], "give an integer in [1,"),
+    (["--threads", "100000"], "(the cores this process may use)"),
     (["--cluster-budget", "nan"], "give a finite number in (0, 1]"),
     (["--gamma", "9", "--method", "spec"], "give an integer in [1, 8]"),
     (["--stop", "\\x"], "bad escape '\\x'"),
     (["--stop", "end\\q"], "allowed escapes"),
     (["--stop", ""], "is empty"),
 ], ids=["temperature-nan", "temperature-inf", "temperature-negative", "top-p-0", "top-p-above-1", "top-k-negative",
-        "max-new-tokens-0", "max-new-tokens-negative", "epsilon-1", "seed-negative", "seed-overflow", "threads-0",
+        "max-new-tokens-0", "max-new-tokens-negative", "epsilon-1", "seed-negative", "seed-overflow", "threads-0", "threads-above-cores",
         "cluster-budget-nan", "gamma-above-max", "stop-bad-hex-escape", "stop-unknown-escape", "stop-empty"])
 def test_bad_generate_values(art: Path, flags: list[str], says: str):
     line = runtime_fails(generate(art, *flags), says, code=USAGE, unchanged=(art,))
@@ -108,7 +109,8 @@ def bench(art: Path, tmp_path: Path, *flags) -> list:
     (json.dumps({"text": "w3"}).encode(), "should hold a JSON list"),
     (json.dumps([{"txt": "w3"}]).encode(), "item 0 should be an object with a string \"text\" field"),
     (b"[{\"text\": \"w3\xff\"}]", "is not UTF-8 text (byte 0xff"),
-], ids=["empty-list", "not-json", "not-a-list", "no-text-field", "not-utf8"])
+    (json.dumps([{"text": "w3"}, {"text": ""}]).encode(), "item 1 has an empty \"text\"; give it some text"),
+], ids=["empty-list", "not-json", "not-a-list", "no-text-field", "not-utf8", "empty-text"])
 def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str):
     prompts = tmp_path / "prompts.json"
     prompts.write_bytes(content)
@@ -122,10 +124,26 @@ def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str)
     (["--prompts", "nothing-here.json"], "neither humaneval nor sharegpt nor an existing file"),
     (["--methods", ","], "names no method"),
     (["--methods", "ar,spec:ngram:gamma=x"], "gamma takes an integer"),
-], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-bad-gamma"])
+    (["--methods", "ar,spec:ngram,spec:ngram"], "'spec:ngram' is listed twice; list each method once"),
+    (["--methods", "ar,csv,csv:screen"], "'csv:screen' names the same method as 'csv'"),
+    (["--methods", "ar,spec:ngram:gamma=6:gamma=3"], "gamma is given twice"),
+    (["--json", "."], "it is a directory; give a file path"),
+    (["--json", ""], "it is a directory; give a file path"),
+    (["--json", "run.md"], "the .md output goes beside the JSON and would replace it"),
+], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-bad-gamma", "methods-twice",
+        "methods-same-twice", "option-twice", "json-dot", "json-empty", "json-named-like-its-table"])
 def test_bad_bench_values(art: Path, tmp_path: Path, flags: list[str], says: str):
     runtime_fails(bench(art, tmp_path, *flags), says, code=USAGE, unchanged=(art,))
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_never_replaces_an_earlier_run_without_force(art: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "b.md").write_text("an earlier run's table")
+    runtime_fails(bench(art, tmp_path), f"{out / 'b.md'} exists (an earlier run's output)", "--force", code=USAGE,
+                  unchanged=(tmp_path,))
+    runtime_fails(["bench-verify", art, "--json", out / "b.md"], "exists", "--force", code=USAGE, unchanged=(tmp_path,))
 
 
 def test_bench_json_under_a_file(art: Path, tmp_path: Path):
@@ -148,10 +166,13 @@ def test_bench_verify_json_that_is_a_directory(art: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("command, flags, says", [
     ("bench-verify", ["--context", "0"], "give an integer >= 1"),
-    ("bench-verify", ["--max-n", "-2"], "give an integer >= 1"),
+    ("bench-verify", ["--max-n", "-2"], "give an integer in [1, 16]"),
+    ("bench-verify", ["--max-n", "1000"], "give an integer in [1, 16]"),
     ("bench-kernels", ["--repeats", "0"], "give an integer >= 1"),
     ("bench-kernels", ["--prompt", "def \udcfe"], "not UTF-8"),
-    ("bench-kernels", ["--threads", "-1"], "give an integer >= 1"),
-], ids=["verify-context-0", "verify-max-n-negative", "kernels-repeats-0", "kernels-prompt-not-utf8", "kernels-threads"])
+    ("bench-kernels", ["--prompt", ""], "is empty; give some text"),
+    ("bench-kernels", ["--threads", "-1"], "give an integer in [1,"),
+], ids=["verify-context-0", "verify-max-n-negative", "verify-max-n-above-16", "kernels-repeats-0", "kernels-prompt-not-utf8",
+    "kernels-prompt-empty", "kernels-threads"])
 def test_bad_bench_verify_and_kernels_values(art: Path, command: str, flags: list[str], says: str):
     runtime_fails([command, art, *flags], says, code=USAGE, unchanged=(art,))
