@@ -40,9 +40,13 @@ class NotAnArtifact(ArtifactError):
 
     def __init__(self, path: Path | str, reason: str, damaged: bool = False) -> None:
         self.path = Path(path)
-        fix = (f"restore its {MANIFEST_FILE}, or remove the directory, or build into a new one with "
-               f"`{RECIPE_COMMAND.format(model='MODEL', artifact='NEWDIR')}`" if damaged else
-               f"check the path, or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`")
+        if damaged:
+            fix = (f"restore its {MANIFEST_FILE}, or remove the directory, or build into a new one with "
+                   f"`{RECIPE_COMMAND.format(model='MODEL', artifact='NEWDIR')}`")
+        elif self.path.suffix == ".gguf":  # a model file given where its artifact goes
+            fix = f"build an artifact from it with `{RECIPE_COMMAND.format(model=path, artifact='ART')}`, then pass ART"
+        else:
+            fix = f"check the path, or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`"
         super().__init__(f"{path} is not a specvocab artifact ({reason}); {fix}")
 
 

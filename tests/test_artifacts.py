@@ -164,8 +164,11 @@ def test_not_an_artifact(tmp_path: Path) -> None:
     with pytest.raises(NotAnArtifact, match="not valid JSON"):
         Artifact.open(tmp_path)
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"format_version": 1, "created_by": "x"}))
-    with pytest.raises(NotAnArtifact, match="malformed"):
+    with pytest.raises(NotAnArtifact, match="malformed.*NEWDIR"):
         Artifact.open(tmp_path)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(NotAnArtifact, match=r"build an artifact from it with `prep all .*model\.gguf -o ART`"):
+        Artifact.open(tmp_path / "model.gguf")  # the model file given where its artifact goes
 
 
 def test_manifest_with_unsafe_file_name_is_rejected(art: Artifact) -> None:

@@ -238,12 +238,13 @@ def test_bench_writes_json_markdown_and_png(artifact: Path, tmp_path: Path):
     summary = invoke(runtime_main, ["bench-summary", out])
     assert summary.exit_code == 0, summary.output
     assert "| 3 of 3 |" in summary.stdout and f"- {out}: code" in summary.stdout  # ar and both csv bounds = ar
-    again = ["bench", artifact, "--prompts", prompts, "--methods", "ar", "-n", 1, "--max-new-tokens", 2, "--json", out]
+    again = ["bench", artifact, "--prompts", prompts, "--methods", "ar", "-n", 3, "--max-new-tokens", 2, "--json", out]
     assert_clean_error(invoke(runtime_main, again), "exists (an earlier run's output)", "--force")
     assert json.loads(out.read_text()) == record  # refused: the earlier record is kept
     replaced = invoke(runtime_main, [*again, "--force"])
     assert replaced.exit_code == 0, replaced.output
     assert [row["method"] for row in json.loads(out.read_text())["methods"]] == ["ar"]
+    assert "holds 2 prompts, fewer than -n 3; running those" in replaced.stderr
 
 
 @pytest.mark.parametrize("content, fragment", [

@@ -51,6 +51,9 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     values.refuse_replacing(report_paths(json_path), force)
     params = sampling_params(temperature, top_k, top_p, epsilon)
     texts = load_prompts(prompt_source, num_prompts)
+    if len(texts) < num_prompts:
+        click.echo(f"note: {prompt_source} holds {len(texts)} prompts, fewer than -n {num_prompts}; running those",
+                   err=True)
     engine = api.load(artifact, model, backend=backend)
     record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
