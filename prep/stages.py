@@ -42,10 +42,10 @@ def created_by() -> str:
 
 @contextmanager
 def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
-    """Check and lock the output directory before any work; a directory made here that holds no built stage
-    when the command ends (it failed, or refused a value once the model was known) is removed."""
+    """Check and lock the output directory before any work. If no stage was built when the command ends (it
+    failed, or refused a value once the model was known), the manifest and the directory it made are removed."""
     path = Path(out)
-    made = not path.exists()
+    made, had_manifest = not path.exists(), (path / MANIFEST_FILE).exists()
     try:
         check_output_dir(path, force)
         path.mkdir(parents=True, exist_ok=True)
@@ -62,18 +62,20 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
         yield path
     finally:
         lock.release()
-        if made:
-            _remove_if_unbuilt(path)
+        if not had_manifest:
+            _remove_if_unbuilt(path, made)
 
 
-def _remove_if_unbuilt(path: Path) -> None:
-    """Remove `path` (made by this command) if no stage was built in it: its manifest, then the folder."""
+def _remove_if_unbuilt(path: Path, made: bool) -> None:
+    """If no stage was built in `path`, remove the manifest this command wrote there and, if it `made` the
+    directory, the directory (only when nothing else is in it)."""
     try:
         if (path / MANIFEST_FILE).exists():
             if read_manifest(path).stages:
                 return
             (path / MANIFEST_FILE).unlink()
-        path.rmdir()
+        if made:
+            path.rmdir()
     except (ArtifactError, OSError):
         pass  # something else is there: leave it
 

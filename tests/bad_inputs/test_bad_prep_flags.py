@@ -24,6 +24,9 @@ def test_bad_cluster_flags(tmp_path: Path, tiny_model: Path, flags: list[str], s
     code = 1 if "vocabulary" in says or "divide" in says else 2  # flag values click checks exit 2 (usage errors)
     prep_fails(["cluster", tiny_model, "-o", tmp_path / "out", *flags], says, code=code)
     assert not (tmp_path / "out").exists()  # refused after the model load too: the folder it made is gone
+    (tmp_path / "empty").mkdir()  # a folder of the user's: kept, and left as it was
+    prep_fails(["cluster", tiny_model, "-o", tmp_path / "empty", *flags], says, code=code)
+    assert (tmp_path / "empty").is_dir() and not list((tmp_path / "empty").iterdir())
 
 
 def test_a_rerun_with_other_parameters_needs_force(art: Path, tiny_model: Path):
