@@ -35,15 +35,17 @@ class ArtifactError(Exception):
 
 
 class NotAnArtifact(ArtifactError):
-    """The path is missing, or its manifest is missing or damaged (`damaged`: then building into the same
-    directory would meet the same manifest, so the fix names a new one)."""
+    """The path is missing, or its manifest is missing or damaged.
+
+    When `damaged`, building into the same directory would meet the same manifest, so the fix names a new one.
+    """
 
     def __init__(self, path: Path | str, reason: str, damaged: bool = False) -> None:
         self.path = Path(path)
         if damaged:
             fix = (f"restore its {MANIFEST_FILE}, or remove the directory, or build into a new one with "
                    f"`{RECIPE_COMMAND.format(model='MODEL', artifact='NEWDIR')}`")
-        elif self.path.suffix == ".gguf":  # a model file given where its artifact goes
+        elif self.path.suffix == ".gguf" and self.path.is_file():  # a model file given where its artifact goes
             fix = f"build an artifact from it with `{RECIPE_COMMAND.format(model=path, artifact='ART')}`, then pass ART"
         else:
             fix = f"check the path, or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`"

@@ -42,8 +42,11 @@ def created_by() -> str:
 
 @contextmanager
 def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
-    """Check and lock the output directory before any work. If no stage was built when the command ends (it
-    failed, or refused a value once the model was known), the manifest and the directory it made are removed."""
+    """Check and lock the output directory before any work; remove what it made if no stage gets built.
+
+    If no stage was built when the command ends (it failed, was interrupted, or refused a value once the
+    model was known), the manifest it wrote is removed, and the directory too if it made that (the leaf).
+    """
     path = Path(out)
     made, had_manifest = not path.exists(), (path / MANIFEST_FILE).exists()
     try:
@@ -67,8 +70,7 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
 
 
 def _remove_if_unbuilt(path: Path, made: bool) -> None:
-    """If no stage was built in `path`, remove the manifest this command wrote there and, if it `made` the
-    directory, the directory (only when nothing else is in it)."""
+    """Remove the manifest this command wrote in `path` if it records no stage, and `path` itself if `made` and empty."""
     try:
         if (path / MANIFEST_FILE).exists():
             if read_manifest(path).stages:

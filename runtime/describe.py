@@ -7,6 +7,7 @@ from pathlib import Path
 
 from artifacts import Artifact, ArtifactError, ModelInfo, same_model
 from artifacts.format import tensor_filename
+from artifacts.schema import SCHEMAS
 
 _MIB = 1 << 20
 
@@ -14,9 +15,9 @@ _MIB = 1 << 20
 def describe_artifact(path: Path | str, model_info: ModelInfo | None = None) -> tuple[str, bool]:
     """Return a multi-line report on the artifact at `path` and whether it is valid.
 
-    Valid means every stage file passes its checksum, no interrupted write left
-    temporary files behind and, when `model_info` is given, the artifact was
-    built for that model.
+    Valid means every stage file passes its checksum, every stage of tensors loads and fits its schema
+    as the runtime reads it, no interrupted write left temporary files behind and, when `model_info`
+    is given, the artifact was built for that model.
     """
     try:
         artifact = Artifact.open(path)
@@ -54,8 +55,11 @@ def _header_lines(artifact: Artifact) -> list[str]:
 
 
 def _stage_report(artifact: Artifact) -> tuple[list[str], list[str]]:
-    """Return per-stage lines (created_at, params, files with checksum status) and file problems; a stage
-    whose files pass their checksums is also read as the runtime reads it (safetensors, schema)."""
+    """Return per-stage lines (created_at, params, files with checksum status) and file problems.
+
+    A stage of tensors whose files pass their checksums is also read as the runtime reads it (safetensors,
+    then its schema).
+    """
     lines: list[str] = []
     problems: list[str] = []
     for name in artifact.stages:
@@ -70,7 +74,8 @@ def _stage_report(artifact: Artifact) -> tuple[list[str], list[str]]:
             lines.append(f"  {filename}: {file.size / _MIB:.2f} MiB, {problem or 'checksum ok'}")
             if problem:
                 problems.append(f"stage {name!r}: {problem}")
-        if tensor_filename(name) in record.files and not any(p.startswith(f"stage {name!r}:") for p in problems):
+        readable = name in SCHEMAS and tensor_filename(name) in record.files  # what the runtime reads as tensors
+        if readable and not any(p.startswith(f"stage {name!r}:") for p in problems):
             try:
                 artifact.read_stage(name)
             except ArtifactError as e:

@@ -71,15 +71,17 @@ def parse_methods(text: str) -> list[MethodSpec]:
 
 
 def check_distinct(specs: list[MethodSpec]) -> list[MethodSpec]:
-    """`specs`, or a ValueError naming a method listed twice (also under two spellings): a bench runs each
-    method once per prompt, and two runs of one method would be reported as one."""
-    first_text: dict[str, str] = {}
+    """`specs`, or a ValueError naming a method listed twice (also under two spellings).
+
+    A bench runs each method once per prompt, and two runs of one method would be reported as one.
+    """
+    first_text: dict[MethodSpec, str] = {}
     for spec in specs:
-        name = canonical(spec)
-        if name in first_text:
-            same = "is listed twice" if first_text[name] == spec.text else f"names the same method as {first_text[name]!r}"
-            raise ValueError(f"{spec.text or name!r} {same}; list each method once")
-        first_text[name] = spec.text or name
+        key, text = replace(spec, text=""), spec.text or canonical(spec)  # the method, whatever its spelling
+        if key in first_text:
+            same = "is listed twice" if first_text[key] == text else f"names the same method as {first_text[key]!r}"
+            raise ValueError(f"{text!r} {same}; list each method once")
+        first_text[key] = text
     return specs
 
 
@@ -89,7 +91,7 @@ def loop_options(args: list[str]) -> tuple[list[str], dict]:
     for part in args:
         option = part.partition("=")[0]
         if option in LOOP_OPTIONS and option in given:
-            raise ValueError(f"{option} is given twice; give each option once, e.g. spec:ngram:gamma=6:adaptive")
+            raise ValueError(f"{option} is given twice; give each option once")
         given.add(option)
         if part == "adaptive":
             loop["adaptive"] = True
@@ -166,6 +168,8 @@ def _own_options(name: str, args: list[str], allowed: dict[str, Callable[[str], 
     for part in rest:
         key, eq, value = part.partition("=")
         if eq and key in allowed:
+            if key in own:
+                raise ValueError(f"{name}'s {key} is given twice; give each option once, e.g. {example}")
             try:
                 own[key] = allowed[key](value)
             except ValueError:

@@ -166,6 +166,8 @@ def test_not_an_artifact(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"format_version": 1, "created_by": "x"}))
     with pytest.raises(NotAnArtifact, match="malformed.*NEWDIR"):
         Artifact.open(tmp_path)
+    with pytest.raises(NotAnArtifact, match="check the path"):
+        Artifact.open(tmp_path / "missing.gguf")  # no such file: not taken for a model file
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     with pytest.raises(NotAnArtifact, match=r"build an artifact from it with `prep all .*model\.gguf -o ART`"):
         Artifact.open(tmp_path / "model.gguf")  # the model file given where its artifact goes
@@ -248,6 +250,14 @@ def test_a_stage_holding_another_stages_file_is_a_schema_error(art: Artifact) ->
     _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
     report, valid = describe_artifact(art.path)
     assert not valid and "screen.safetensors cannot be read" in report
+
+    data = json.loads((art.path / MANIFEST_FILE).read_text())  # a stage this version declares no schema for
+    data["stages"]["later"] = {**data["stages"]["clusters"], "files": {}}
+    (art.path / MANIFEST_FILE).write_text(json.dumps(data))
+    (art.path / "later.safetensors").write_bytes((art.path / "clusters.safetensors").read_bytes())
+    _rewrite_record(art, "later", "later.safetensors")
+    report, _ = describe_artifact(art.path)  # reported, not read as tensors (the runtime never reads it)
+    assert "[later]" in report and "later.safetensors: 0.00 MiB, checksum ok" in report
 
 
 def test_the_loaded_file_is_always_verified(art: Artifact) -> None:

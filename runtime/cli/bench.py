@@ -11,6 +11,7 @@ import torch
 from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.method_spec import BOUNDS
 from runtime.methods import methods_help
 
@@ -175,8 +176,9 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
               help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
 @click.option("--context", type=values.COUNT, default=180, show_default=True,
               help="Tokens in the cache before the verify forward.")
-@click.option("--max-n", type=values.Integer(1, 16), default=8, show_default=True,
-              help="Largest number of tokens per verify forward (at most 16, the rows a forward keeps batch-invariant).")
+@click.option("--max-n", type=values.Integer(1, SKINNY_MAX_ROWS), default=8, show_default=True,
+              help=f"Largest number of tokens per verify forward (at most {SKINNY_MAX_ROWS}, the rows a forward keeps "
+                   "batch-invariant).")
 @click.option("--repeats", type=values.COUNT, default=10, show_default=True,
               help="Timings per n (the median is reported).")
 @click.option("--trees", default="4,8,16,32", show_default=True,

@@ -76,8 +76,7 @@ class Integer(click.ParamType):
 
 
 class Text(click.ParamType):
-    """Text typed on the command line: it must be UTF-8 (a stray byte arrives as a lone surrogate), and
-    not empty where `nonempty`."""
+    """Text typed on the command line: UTF-8 (a stray byte arrives as a lone surrogate); not empty where `nonempty`."""
 
     name = "text"
 
@@ -203,7 +202,7 @@ class OutputFile(click.ParamType):
 
     def convert(self, value, param, ctx):
         path = Path(value)
-        if not path.name:  # "", ".", "..": a folder, which has no stem to put the outputs beside
+        if not path.name:  # "" or ".": a folder, which has no stem to put the outputs beside ("..": unwritable below)
             self.fail(f"cannot write {value!r}: it is a directory; give a file path, e.g. bench-out/run.json", param, ctx)
         if path.suffix in self.siblings:
             self.fail(f"{path}: the {path.suffix} output goes beside the JSON and would replace it; give a path "
@@ -219,8 +218,10 @@ FORCE_HELP = "Replace output files an earlier run left at the --json path (refus
 
 
 def refuse_replacing(paths: list[Path], force: bool) -> None:
-    """A one-line usage error, before any work, when an output file exists and --force was not given:
-    an earlier run's results are never replaced silently."""
+    """Refuse, before any work, an output file that exists when --force was not given (one usage-error line).
+
+    An earlier run's results are never replaced silently.
+    """
     existing = [p for p in paths if p.exists()]
     if existing and not force:
         raise click.UsageError(f"{existing[0]} exists (an earlier run's output); pass another --json path, or "

@@ -127,11 +127,12 @@ def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str)
     (["--methods", "ar,spec:ngram,spec:ngram"], "'spec:ngram' is listed twice; list each method once"),
     (["--methods", "ar,csv,csv:screen"], "'csv:screen' names the same method as 'csv'"),
     (["--methods", "ar,spec:ngram:gamma=6:gamma=3"], "gamma is given twice"),
+    (["--methods", "ar,swarm:lookup:4:nodes=8:nodes=9"], "swarm's nodes is given twice"),
     (["--json", "."], "it is a directory; give a file path"),
     (["--json", ""], "it is a directory; give a file path"),
     (["--json", "run.md"], "the .md output goes beside the JSON and would replace it"),
 ], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-bad-gamma", "methods-twice",
-        "methods-same-twice", "option-twice", "json-dot", "json-empty", "json-named-like-its-table"])
+        "methods-same-twice", "option-twice", "own-option-twice", "json-dot", "json-empty", "json-named-like-its-table"])
 def test_bad_bench_values(art: Path, tmp_path: Path, flags: list[str], says: str):
     runtime_fails(bench(art, tmp_path, *flags), says, code=USAGE, unchanged=(art,))
     assert not (tmp_path / "out").exists()
