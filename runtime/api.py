@@ -40,9 +40,10 @@ MAX_CHARS_PER_TOKEN = 64
 
 def set_threads(threads: int | None = None) -> int:
     """Torch's intra-op threads: `threads`, or every core this process may run on. Returns the count."""
-    count = threads or len(os.sched_getaffinity(0))
-    if count < 1:
-        raise ValueError(f"threads must be >= 1, got {count}")
+    cores = len(os.sched_getaffinity(0))
+    count = threads or cores
+    if not 1 <= count <= cores:
+        raise ValueError(f"threads must be in 1..{cores} (the cores this process may use), got {count}")
     torch.set_num_threads(count)
     return count
 

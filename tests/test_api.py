@@ -83,5 +83,7 @@ def test_set_threads():
     try:
         assert api.set_threads(1) == 1 and torch.get_num_threads() == 1
         assert api.set_threads() >= 1
+        with pytest.raises(ValueError, match="the cores this process may use"):
+            api.set_threads(100_000)  # more threads than cores only stall each other
     finally:
         torch.set_num_threads(before)
