@@ -68,14 +68,16 @@ def _stage_report(artifact: Artifact) -> tuple[list[str], list[str]]:
             f"[{name}] created {record.created_at}",
             f"  params: {json.dumps(record.params, sort_keys=True)}",
         ]
+        intact = True  # every file of this stage passed its checksum
         for filename, file in record.files.items():
-            # Each file is hashed once; its status feeds both the line and validity.
+            # Its status feeds both the line and validity (read_stage below hashes a tensor file once more).
             problem = artifact.check_file(name, filename)
             lines.append(f"  {filename}: {file.size / _MIB:.2f} MiB, {problem or 'checksum ok'}")
             if problem:
                 problems.append(f"stage {name!r}: {problem}")
+                intact = False
         readable = name in SCHEMAS and tensor_filename(name) in record.files  # what the runtime reads as tensors
-        if readable and not any(p.startswith(f"stage {name!r}:") for p in problems):
+        if readable and intact:
             try:
                 artifact.read_stage(name)
             except ArtifactError as e:

@@ -136,7 +136,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     unknown = [f for f in chosen if f not in SCREEN_FORMATS]
     if unknown:
         raise click.BadParameter(f"unknown format {unknown[0]!r}; choose from {', '.join(SCREEN_FORMATS)}", param_hint="--formats")
-    values.refuse_replacing([json_path] if json_path else [], force)
+    values.refuse_replacing([json_path], force)
     engine = api.load(artifact, backend=backend)
     target = engine.session.target
     hidden = []
@@ -205,7 +205,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if n.strip().isdigit() and 1 <= int(n) <= 64)
     if trees != "none" and (not sizes or len(sizes) != len(trees.split(","))):
         raise click.BadParameter(f"node counts in 1..64 separated by commas, or none; not {trees!r}", param_hint="--trees")
-    values.refuse_replacing([json_path] if json_path else [], force)
+    values.refuse_replacing([json_path], force)
     texts = load_prompts(prompt_source, 64)
     engine = api.load(artifact, model, backend=backend)
     session = engine.session

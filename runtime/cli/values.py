@@ -14,6 +14,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -217,12 +218,12 @@ class OutputFile(click.ParamType):
 FORCE_HELP = "Replace output files an earlier run left at the --json path (refused otherwise)."
 
 
-def refuse_replacing(paths: list[Path], force: bool) -> None:
+def refuse_replacing(paths: Sequence[Path | None], force: bool) -> None:
     """Refuse, before any work, an output file that exists when --force was not given (one usage-error line).
 
-    An earlier run's results are never replaced silently.
+    An earlier run's results are never replaced silently; None stands for an output not asked for.
     """
-    existing = [p for p in paths if p.exists()]
+    existing = [p for p in paths if p is not None and p.exists()]
     if existing and not force:
         raise click.UsageError(f"{existing[0]} exists (an earlier run's output); pass another --json path, or "
                                f"--force to replace it")
