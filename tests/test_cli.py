@@ -30,7 +30,7 @@ def assert_clean_error(result: Result, *fragments: str) -> str:
     """A non-zero exit through click (no traceback) whose `Error:` message is one line naming the fragments."""
     assert result.exit_code != 0, result.output
     assert isinstance(result.exception, SystemExit), f"uncaught {result.exception!r}"
-    assert "Traceback" not in result.output
+    assert "Traceback" not in result.output and "Usage:" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, result.output
     for fragment in fragments:
@@ -269,6 +269,22 @@ def test_bench_unknown_method_is_a_clean_error(artifact: Path, tmp_path: Path):
     bad_bound = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "csv:fast", "-n", 1,
                                       "--max-new-tokens", 2, "--json", tmp_path / "b.json"])
     assert_clean_error(bad_bound, "csv:screen")
+
+
+@pytest.mark.parametrize("command, name, args, says", [
+    (runtime_main, "runtime", ["bench", "--bogus"], "No such option '--bogus'. See runtime bench --help."),
+    (runtime_main, "runtime", ["nonesuch"], "No such command 'nonesuch'. See runtime --help."),
+    (prep_main, "prep", ["all", "--ouT", "x"], "Did you mean '--out'? See prep all --help."),
+])
+def test_a_usage_error_is_one_line_naming_the_commands_help(command, name: str, args: list[str], says: str):
+    result = CliRunner().invoke(command, args, prog_name=name)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [assert_clean_error(result, says)]
+
+
+@pytest.mark.parametrize("command", [runtime_main, prep_main])
+def test_a_bare_command_shows_its_help(command):
+    assert "Commands:" in CliRunner().invoke(command, []).output
 
 
 def test_generate_on_a_missing_artifact_is_a_clean_error(tmp_path: Path):

@@ -6,6 +6,7 @@ import functools
 
 import click
 
+from runtime.cli import OneLineGroup
 from runtime.cli import clean_errors as runtime_clean_errors
 
 
@@ -27,7 +28,7 @@ def clean_errors(command):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Prepare artifacts for a model: clusters, screening head, and more.
 

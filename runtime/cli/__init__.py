@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 
 import click
 
@@ -22,6 +23,38 @@ def clean_errors(command):
             raise click.ClickException(str(exc)) from exc
 
     return wrapper
+
+
+class UsageLine(click.ClickException):
+    """A usage error as one line (exit 2, click's code for usage errors)."""
+
+    exit_code = 2
+
+
+@contextmanager
+def one_line_usage():
+    """Turn click's usage errors (a usage block, a hint and the error: four lines) into one line naming --help."""
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # a bare `runtime` or `prep` shows its help, as usual
+    except click.UsageError as e:
+        message = e.format_message()
+        if e.ctx is not None:
+            message += f" See {e.ctx.command_path} --help." if message.endswith((".", "?")) else f"; see {e.ctx.command_path} --help"
+        raise UsageLine(message) from None
+
+
+class OneLineGroup(click.Group):
+    """A command group whose every error, usage errors included, is one line."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with one_line_usage():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx):
+        with one_line_usage():
+            return super().invoke(ctx)
 
 
 def model_options(command):
@@ -72,7 +105,7 @@ min_response_option = click.option(
     help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Decode with specvocab artifacts, benchmark methods, inspect artifacts.
 
@@ -87,4 +120,4 @@ def main() -> None:
 
 from runtime.cli import bench, generate, inspect_command  # noqa: E402,F401  (the commands register on `main`)
 
-__all__ = ["clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]
+__all__ = ["OneLineGroup", "clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]

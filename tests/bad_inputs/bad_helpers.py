@@ -28,8 +28,8 @@ def snapshot(*paths: Path) -> dict[str, bytes]:
 
 
 def error_line(output: str) -> str:
-    """The one error line of a command's output (asserting that there is exactly one and no traceback)."""
-    assert "Traceback" not in output, output
+    """The one error line of a command's output (asserting that there is exactly one, no traceback and no usage block)."""
+    assert "Traceback" not in output and "Usage:" not in output, output
     lines = [line for line in output.splitlines() if line.startswith("Error")]
     assert len(lines) == 1, output
     return lines[0]
