@@ -139,7 +139,7 @@ def test_generate_gp_and_no_verifier(built, monkeypatch, tmp_path):
     alone = run("--method", "spec", "--drafter", "gp:64", "--no-verifier")  # full rank: the target's text
     assert alone.exit_code == 0, alone.output
     assert alone.stdout.splitlines()[0] == ar.stdout.splitlines()[0]
-    assert "[gp:64 alone" in alone.stderr
+    assert "[gp:64 alone" in alone.stderr and "(the gp drafter's copy of the lean backend," in alone.stderr
     for extra in (["--method", "spec", "--drafter", "ngram", "--no-verifier"], ["--method", "ar", "--no-verifier"]):
         bad = run(*extra)
         assert bad.exit_code != 0 and "--no-verifier" in bad.output

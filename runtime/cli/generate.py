@@ -109,7 +109,10 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     stats = run.stats
     summary = stats.head.summary()
     label = canonical(spec) if spec.verifier else f"{spec.drafter} alone, no verifier"
-    ran_on = "llama.cpp" if spec.name == "llamacpp" else f"{spec.backend or engine.session.target.name} backend"
+    backend = f"{spec.backend or engine.session.target.name} backend"
+    if not spec.verifier:  # the drafter decoded alone, on its own (int8, low-rank) copy of the target's backend
+        backend = f"the {spec.drafter.name} drafter's copy of the {backend}"
+    ran_on = "llama.cpp" if spec.name == "llamacpp" else backend
     head = ("" if spec.name == "llamacpp" else  # llama.cpp's own head: nothing certified or recomputed here
             f"; certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
             f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary")
