@@ -45,16 +45,18 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
     """Check and lock the output directory before any work; remove what it made if no stage gets built.
 
     If no stage was built when the command ends (it failed, was interrupted, or refused a value once the
-    model was known), the manifest it wrote is removed, and the directory too if it made that (the leaf).
+    model was known), the manifest it wrote is removed, and the folders it made (the leaf and any missing
+    parents) while they are empty.
     """
     path = Path(out)
-    made, had_manifest = not path.exists(), (path / MANIFEST_FILE).exists()
+    made, had_manifest = _missing_folders(path), (path / MANIFEST_FILE).exists()
     try:
         check_output_dir(path, force)
         path.mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied", str(path))
     except OSError as e:
+        _remove_empty(made)
         raise ArtifactError(f"cannot write to {path} ({e.strerror or e}); choose a writable -o") from None
     lock = WriterLock(path)
     holder = lock.acquire()
@@ -69,17 +71,35 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
             _remove_if_unbuilt(path, made)
 
 
-def _remove_if_unbuilt(path: Path, made: bool) -> None:
-    """Remove the manifest this command wrote in `path` if it records no stage, and `path` itself if `made` and empty."""
+def _missing_folders(path: Path) -> list[Path]:
+    """The folders `path.mkdir(parents=True)` would make: `path` and its missing parents, deepest first."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders (deepest first) while they are empty; stop at the first that holds something."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # something else is there (or it never got made): leave it and its parents
+
+
+def _remove_if_unbuilt(path: Path, made: list[Path]) -> None:
+    """Remove the manifest this command wrote in `path` if it records no stage, then the folders it made while empty."""
     try:
         if (path / MANIFEST_FILE).exists():
             if read_manifest(path).stages:
                 return
             (path / MANIFEST_FILE).unlink()
-        if made:
-            path.rmdir()
     except (ArtifactError, OSError):
-        pass  # something else is there: leave it
+        return  # something else is there: leave it
+    _remove_empty(made)
 
 
 @contextmanager

@@ -22,8 +22,8 @@ from bad_helpers import TINY_CLUSTERS, prep_fails, snapshot
         "group-negative", "group-not-dividing", "clusters-not-int"])
 def test_bad_cluster_flags(tmp_path: Path, tiny_model: Path, flags: list[str], says: str):
     code = 1 if "vocabulary" in says or "divide" in says else 2  # flag values click checks exit 2 (usage errors)
-    prep_fails(["cluster", tiny_model, "-o", tmp_path / "out", *flags], says, code=code)
-    assert not (tmp_path / "out").exists()  # refused after the model load too: the folder it made is gone
+    prep_fails(["cluster", tiny_model, "-o", tmp_path / "new" / "nested" / "out", *flags], says, code=code)
+    assert not (tmp_path / "new").exists()  # refused after the model load too: the folders it made are gone
     (tmp_path / "empty").mkdir()  # a folder of the user's: kept, and left as it was
     prep_fails(["cluster", tiny_model, "-o", tmp_path / "empty", *flags], says, code=code)
     assert (tmp_path / "empty").is_dir() and not list((tmp_path / "empty").iterdir())
