@@ -8,7 +8,7 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
     spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|screen4|cluster]]
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
     screenspec:layers:N[:gamma=G][:adaptive]         layers:N drafting with the int8 screening head
-    swarm:onedecode:K | swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]]
+    swarm:onedecode:K | swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:screen4|cluster]]
                                                      SWARM token trees: K candidates per slot (lookup: K
                                                      continuations), depth G, N nodes
     mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G]          MJSD beam drafts (NOT distribution-preserving)
@@ -245,7 +245,7 @@ for _name in ("dynaspec", "frspec"):
 register_method(MethodEntry("screenspec", _screenspec, _builder("speculative"),
                             "screenspec:layers:N[:gamma=G][:adaptive] (layers:N with the int8 screening head)"))
 register_method(MethodEntry("swarm", _swarm, _builder("tree"),
-                            "swarm:onedecode:K|swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:cluster]] (SWARM token trees: "
+                            "swarm:onedecode:K|swarm:DRAFTER:K[:gamma=G][:nodes=N][+csv[:screen4|cluster]] (SWARM token trees: "
                             "K candidates per slot or lookup continuations, G deep, N nodes, one target forward)"))
 register_method(MethodEntry("mjsd", _mjsd, _builder("mjsd"),
                             "mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G] (MJSD beam drafts, joint acceptance; changes the "
