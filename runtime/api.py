@@ -17,7 +17,6 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
 
 from __future__ import annotations
 
-import os
 import resource
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from runtime.decode import TokenStream
+from runtime.kernels.build import usable_cores
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
 from runtime.prompting import encode_prompt
@@ -40,7 +40,7 @@ MAX_CHARS_PER_TOKEN = 64
 
 def set_threads(threads: int | None = None) -> int:
     """Torch's intra-op threads: `threads`, or every core this process may run on. Returns the count."""
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     count = threads or cores
     if not 1 <= count <= cores:
         raise ValueError(f"threads must be in 1..{cores} (the cores this process may use), got {count}")

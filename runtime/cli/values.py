@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from runtime.data import PACKAGED_SOURCES, prompts_from_file
+from runtime.kernels.build import usable_cores
 
 STOP_ESCAPES = r"\n \t \r \\ \" \' \0 \xHH \uHHHH \UHHHHHHHH"
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr0\\\"']|.?)", re.DOTALL)
@@ -263,5 +264,5 @@ TOP_P = Number(0, 1, low_open=True, hint=" (1 = off)")
 EPSILON = Number(0, 1, low_open=True, high_open=True, hint=" (the total variation the csv head may allow)")
 SEED = Integer(0, 2**63 - 1)
 COUNT = Integer(1)  # a number of things (tokens, prompts, repeats): at least 1
-THREADS = Integer(1, len(os.sched_getaffinity(0)), hint=" (the cores this process may use)")
+THREADS = Integer(1, usable_cores(), hint=" (the cores this process may use)")
 NON_NEGATIVE = Integer(0)

@@ -71,6 +71,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset((_cpuinfo_field("flags") or "").split())
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity): the most threads worth asking for."""
+    return len(os.sched_getaffinity(0))
+
+
 # Flags that change which kernels run or how fast llama.cpp runs: recorded with every bench.
 NOTABLE_FLAGS = ("avx2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8")
 
