@@ -42,10 +42,6 @@ class Method:
     stream: Streamer
     spec: MethodSpec | None = None
 
-    @property
-    def distribution_preserving(self) -> bool:
-        return self.spec is None or self.spec.distribution_preserving
-
     def decode(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator: torch.Generator | None,
                min_new_tokens: int = 0, stop: StopStrings | None = None) -> tuple[list[int], DecodeStats]:
         """Decode to the end: the new tokens and the stats (the stream, run out)."""

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from runtime.heads import BOUNDS
+from runtime.sampling import SamplingParams
 
 HEADS = ("full", *(f"csv:{bound}" for bound in BOUNDS))
+NOT_PRESERVING = "not distribution-preserving"  # said beside every name of such a method (help, generate, bench)
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,20 @@ def canonical(spec: MethodSpec) -> str:
         first = int(spec.name == "swarm")
         return ":".join([spec.name, str(spec.drafter), *spec.options[:first], *options, *spec.options[first:]]) + suffix
     return ":".join(["spec", str(spec.drafter), *options]) + suffix
+
+
+def preserves_distribution(spec: "MethodSpec | None", params: SamplingParams) -> bool:
+    """Whether `spec` under `params` follows the target's distribution (greedy: its exact tokens).
+
+    The method's own claim (None: a plain Method, which makes it), unless its certified head samples
+    within total variation epsilon (`params.epsilon` at a temperature above 0; the full head ignores it).
+    """
+    if spec is None:
+        return True
+    return spec.distribution_preserving and not (spec.certified and params.epsilon is not None and not params.greedy)
+
+
+def marked(name: str, preserving: bool) -> str:
+    """A method's name, with [NOT_PRESERVING] after it when it does not preserve the target's distribution."""
+    return name if preserving else f"{name} [{NOT_PRESERVING}]"
+

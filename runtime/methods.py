@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Callable
 
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
-from runtime.method_spec import HEADS, METHODS, DrafterSpec, MethodEntry, MethodSpec, canonical, register_method
+from runtime.method_spec import HEADS, METHODS, DrafterSpec, MethodEntry, MethodSpec, canonical, marked, preserves_distribution, register_method
 from runtime.speculative import MAX_GAMMA
 
 LOOP_OPTIONS = ("gamma", "adaptive", "no-verifier")  # spec options the loop takes (loop_options), each at most once
@@ -45,8 +45,7 @@ def default_method(bound: str | None) -> MethodSpec:
 
 def methods_help() -> str:
     """The registered methods and drafters, for --help texts."""
-    lines = [entry.help + ("" if entry.distribution_preserving else " [not distribution-preserving]")
-             for entry in METHODS.values()]
+    lines = [marked(entry.help, entry.distribution_preserving) for entry in METHODS.values()]
     return "; ".join(lines) + ". DRAFTER: " + drafters_help() + "."
 
 
@@ -276,4 +275,4 @@ register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
 
 
 __all__ = ["HEADS", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "check_distinct", "loop_options",
-           "methods_help", "parse_method", "parse_methods", "register_method"]
+           "marked", "methods_help", "parse_method", "parse_methods", "preserves_distribution", "register_method"]

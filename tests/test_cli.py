@@ -206,6 +206,22 @@ def write_prompts(path: Path, items) -> Path:
     return path
 
 
+def test_csv_with_epsilon_says_it_is_not_distribution_preserving(artifact: Path, tmp_path: Path):
+    """Sampling within total variation epsilon is labelled wherever the method appears: generate, bench."""
+    sampled = ["--temperature", 1, "--epsilon", 0.2]
+    result = invoke(runtime_main, ["generate", artifact, "--method", "csv", "--prompt", "hi", "--max-new-tokens", 4, *sampled])
+    assert result.exit_code == 0, result.output
+    assert "[csv:screen, not distribution-preserving (epsilon 0.2)]" in result.stderr
+    prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w6"}])
+    out = tmp_path / "b.json"
+    result = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "ar,csv", "-n", 1,
+                                   "--max-new-tokens", 4, "--json", out, *sampled])
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
+    assert rows["ar"]["distribution_preserving"] and not rows["csv"]["distribution_preserving"]
+    assert "| csv [not distribution-preserving] |" in result.output
+
+
 def test_bench_writes_json_markdown_and_png(artifact: Path, tmp_path: Path):
     prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w6"}, {"text": "w7 w8 hi"}])
     out = tmp_path / "out" / "b.json"

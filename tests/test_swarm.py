@@ -200,11 +200,14 @@ def test_generate_and_bench_accept_the_tree_methods(artifact, tmp_path, monkeypa
     assert all(rows[name]["identical_to_greedy"] == 1.0 for name in names if name.startswith("swarm"))
     assert all(rows[name]["identical_to_greedy"] is None and not rows[name]["distribution_preserving"]
                for name in names if name.startswith("mjsd"))
+    table = out.with_suffix(".md").read_text()  # the terminal's table too: MJSD says what it is wherever it appears
+    assert all((f"| {name} [not distribution-preserving] |" in table) == name.startswith("mjsd") for name in names)
     texts = {}
     for name in ["ar"] + names:
         result = CliRunner().invoke(runtime_main, ["generate", str(artifact), "--method", name, "--prompt", prompt,
                                                    "--max-new-tokens", "12", "--threads", "1"])
         assert result.exit_code == 0, result.output
+        assert (", not distribution-preserving]" in result.stderr) == name.startswith("mjsd"), result.stderr
         texts[name] = result.stdout
     assert all(texts[name] == texts["ar"] for name in names if name.startswith("swarm")) and texts["ar"].strip()
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from artifacts.atomic import atomic_write, atomic_write_bytes
+from runtime.method_spec import marked
 
 COLUMNS = [
     ("method", "method", "{}"),
@@ -34,7 +35,12 @@ REASONS = {"joules_per_token": "energy_unavailable"}
 def markdown_table(rows: list[dict]) -> str:
     """Markdown table of the bench rows; columns empty for every method are left out (but ALWAYS_SHOWN)."""
     shown = [c for c in COLUMNS if c[0] in ALWAYS_SHOWN or any(row.get(c[0]) is not None for row in rows)]
-    return markdown_rows(rows, shown)
+    return markdown_rows([{**row, "method": method_label(row)} for row in rows], shown)
+
+
+def method_label(row: dict) -> str:
+    """A bench row's method name, marked when the method does not preserve the target's distribution."""
+    return marked(row["method"], row.get("distribution_preserving", True))
 
 
 def markdown_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -85,7 +91,8 @@ def plot(record: dict, png_path: Path) -> None:
 
     rows = record["methods"]
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(rows)), 3.6))
-    bars = ax.bar([r["method"] for r in rows], [r["tokens_per_s"] for r in rows], color="#4a7ebb")
+    labels = [method_label(r).replace(" [", "\n[") for r in rows]  # the mark on a line of its own
+    bars = ax.bar(labels, [r["tokens_per_s"] for r in rows], color="#4a7ebb")
     for bar, row in zip(bars, rows):
         if row.get("speedup_vs_ar") is not None:
             ax.annotate(f"{row['speedup_vs_ar']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from runtime.bench.energy import EnergyMeter
 from runtime.method_builders import Method
+from runtime.method_spec import preserves_distribution
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats, HeadStats, SpecStats
 
@@ -65,7 +66,7 @@ def run_bench(
     warmup = prompts[0][: max(1, prompts[0].numel() // 2)]
     for method in methods:
         method.decode(warmup, warmup_tokens, params, torch.Generator().manual_seed(seed), min_new_tokens)
-    results = {m.name: MethodResult(m.name, m.distribution_preserving, energy_unavailable=meter.reason)
+    results = {m.name: MethodResult(m.name, preserves_distribution(m.spec, params), energy_unavailable=meter.reason)
                for m in methods}
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="run", file=sys.stderr)
     for index, prompt in enumerate(prompts):

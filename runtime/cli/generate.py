@@ -9,8 +9,8 @@ import click
 import torch
 
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
-from runtime.method_spec import BOUNDS
-from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
+from runtime.method_spec import BOUNDS, NOT_PRESERVING
+from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method, preserves_distribution
 from runtime.speculative import MAX_GAMMA
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
@@ -109,6 +109,8 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     stats = run.stats
     summary = stats.head.summary()
     label = canonical(spec) if spec.verifier else f"{spec.drafter} alone, no verifier"
+    if not preserves_distribution(spec, params):
+        label += f", {NOT_PRESERVING}" + (f" (epsilon {params.epsilon:g})" if spec.distribution_preserving else "")
     backend = f"{spec.backend or engine.session.target.name} backend"
     if not spec.verifier:  # the drafter decoded alone, on its own (int8, low-rank) copy of the target's backend
         backend = f"the {spec.drafter.name} drafter's copy of the {backend}"
