@@ -76,10 +76,10 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
 
     \b
     runtime generate art/g270 --prompt "def fib(n):"          (the default: the fastest exact method)
-    runtime generate art/g270 --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
+    runtime generate art/qwen --method csv --chat --temperature 0.7 --prompt "Tell me a joke."
     runtime generate art/g270 --method csv --stop "\\n\\n" --prompt "def fib(n):"
     runtime generate art/g270 --method spec:int8:gamma=6+csv --prompt "def fib(n):"
-    runtime generate art/g270 --method spec:layers:6:adaptive+csv --chat --prompt "Hi!"
+    runtime generate art/smol --method spec:layers:6:adaptive+csv --chat --prompt "Hi!"
     runtime generate art/g270 --method spec:gp:256:act:no-verifier --prompt "def fib(n):"
     runtime generate art/g270 --method dynaspec:layers:16 --prompt "def fib(n):"
     runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"   (the old flags)
