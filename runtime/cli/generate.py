@@ -118,12 +118,14 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     head = ("" if spec.name == "llamacpp" else  # llama.cpp's own head: nothing certified or recomputed here
             f"; certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
             f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary")
+    count = f"{stats.new_tokens} token{'s' * (stats.new_tokens != 1)}"
+    speed = f"{stats.tokens_per_s:.2f} tok/s decode" if stats.decode_tokens else "no decode step (the prefill gave it)"
     click.echo(
-        f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_s:.2f} tok/s decode ({ran_on}, "
+        f"[{label}] {count}, {speed} ({ran_on}, "
         f"{torch.get_num_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s{head}",
         err=True,
     )
-    if stats.spec is not None:
+    if stats.spec is not None and stats.decode_tokens:  # a one-token run verified no draft
         click.echo(_spec_line(stats.spec), err=True)
 
 
