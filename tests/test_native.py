@@ -131,6 +131,17 @@ def test_native_hidden_states_are_bit_identical_to_lean(tiny_pair) -> None:
     assert torch.equal(hidden_in_chunks(native, tokens, short), hidden_in_chunks(lean, tokens, short))
 
 
+def test_a_long_prefill_shows_progress_and_a_short_one_does_not(tiny_pair, monkeypatch, capsys) -> None:
+    from runtime.backends import decoder
+
+    _, native = tiny_pair
+    monkeypatch.setattr(decoder, "PREFILL_PROGRESS_TOKENS", PREFILL_CHUNK + 1)
+    native.forward(torch.arange(PREFILL_CHUNK) % 160, native.new_cache())
+    assert "prefill" not in capsys.readouterr().err
+    native.forward(torch.arange(PREFILL_CHUNK + 1) % 160, native.new_cache())
+    assert f"prefill:   0%|          | 0/{PREFILL_CHUNK + 1}" in capsys.readouterr().err
+
+
 def test_tensor_directory_matches_gguf_py_past_string_arrays(tmp_path) -> None:
     """Skipping a vocabulary's string arrays (and other metadata) lands on gguf-py's tensor offsets;
     a file cut inside the string array is a one-line truncation error."""

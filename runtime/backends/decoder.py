@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from runtime.backends.base import INITIAL_CAPACITY, KVCache, check_truncation
 from runtime.backends.layers import PROJECTIONS, DecoderLayer
 from runtime.kernels import SKINNY_MAX_ROWS, attend, prepare_qkv
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the [H, C, K] attention scores
+PREFILL_PROGRESS_TOKENS = 2048  # a prefill this long takes seconds on these CPUs: it shows a bar on stderr
 
 
 def _attention_mask(start: int, queries: int, keys_from: int, keys_to: int, window: int | None) -> torch.Tensor | None:
@@ -157,6 +160,16 @@ class Decoder:
         clone.layers = layers
         return clone
 
+    def _prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """forward over tokens [T] in chunks of PREFILL_CHUNK, with a progress bar from PREFILL_PROGRESS_TOKENS on."""
+        with tqdm(total=tokens.numel(), desc="prefill", unit="tok", file=sys.stderr, leave=False,
+                  disable=tokens.numel() < PREFILL_PROGRESS_TOKENS) as bar:
+            hidden = []
+            for chunk in tokens.split(PREFILL_CHUNK):
+                hidden.append(self.forward(chunk, cache))  # [C, d]
+                bar.update(chunk.numel())
+        return torch.cat(hidden)  # [T, d]
+
     def map_projections(self, transform: Callable[[str, int, Callable], Callable]) -> "Decoder":
         """A copy whose projection `name` of layer `index` is transform(name, index, projection)."""
         return self.with_layers([
@@ -169,7 +182,7 @@ class Decoder:
         """Append tokens [T] to the cache and return final-normed hidden states [T, d]."""
         tokens = tokens.view(-1)
         if tokens.numel() > PREFILL_CHUNK:
-            return torch.cat([self.forward(chunk, cache) for chunk in tokens.split(PREFILL_CHUNK)])
+            return self._prefill(tokens, cache)
         start, count = cache.length, tokens.numel()
         cache.reserve(start + count)
         if start + count > self._rotary[self.layers[0].rope][0].shape[0]:
