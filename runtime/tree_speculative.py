@@ -55,6 +55,10 @@ class TableTrees:
     """SWARM over the OneDecode table: its top-K at every node (OTT-SWARM)."""
 
     def __init__(self, table: OneDecodeDrafter, k: int) -> None:
+        held = table.table.top_k
+        if k > held:  # the table would silently give fewer
+            raise ValueError(f"swarm:onedecode:{k} asks for {k} candidates per slot, but this artifact's table holds "
+                             f"{held} per key (prep bake-onedecode --top-k): use swarm:onedecode:{held}")
         self.table, self.k = table, k
 
     def reset(self, prompt, params, generator, ban=NO_BAN) -> None:

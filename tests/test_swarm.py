@@ -93,6 +93,8 @@ def test_greedy_table_swarm_equals_ar_and_beats_the_chain(target, k) -> None:
         trees.append(stats.spec.accepted / max(stats.spec.drafts, 1))
         chain.append(chain_stats.spec.accepted / max(chain_stats.spec.drafts, 1))
     assert sum(trees) > 0 and sum(trees) >= sum(chain)
+    with pytest.raises(ValueError, match=f"holds {k} per key .* use swarm:onedecode:{k}"):
+        TableTrees(OneDecodeDrafter(table), k + 1)  # more candidates than the table holds: refused, not cut silently
 
 
 @pytest.mark.parametrize("k, depth, nodes", [(1, 4, 4), (4, 4, 12), (8, 6, 32)])
