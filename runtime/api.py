@@ -18,17 +18,18 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
 from __future__ import annotations
 
 import resource
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 
+from runtime.checks import require, require_count
 from runtime.decode import TokenStream
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
 from runtime.prompting import encode_prompt
-from runtime.sampling import SamplingParams
+from runtime.sampling import MAX_SEED, SamplingParams
 from runtime.session import Session, open_session
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
@@ -39,13 +40,51 @@ MAX_CHARS_PER_TOKEN = 64
 
 
 def set_threads(threads: int | None = None) -> int:
-    """Torch's intra-op threads: `threads`, or every core this process may run on. Returns the count."""
+    """Torch's intra-op threads: `threads` (1 up to the cores this process may run on), or with None every
+    one of those cores. Returns the count."""
     cores = usable_cores()
-    count = threads or cores
-    if not 1 <= count <= cores:
-        raise ValueError(f"threads must be in 1..{cores} (the cores this process may use), got {count}")
+    count = cores if threads is None else require_count("threads", threads, 1, cores, " (the cores this process may use)")
     torch.set_num_threads(count)
     return count
+
+
+def method_spec(method: str | MethodSpec) -> MethodSpec:
+    """A method name in the grammar of runtime.methods, parsed (a MethodSpec is returned as it is)."""
+    if isinstance(method, MethodSpec):
+        return method
+    if not isinstance(method, str):
+        raise TypeError(f"a method is a name in the grammar of runtime.methods (e.g. 'csv', 'spec:int8+csv') or a "
+                        f"MethodSpec, got {method!r}")
+    return parse_method(method)
+
+
+def check_sampling(sampling: SamplingParams, specs: Sequence[MethodSpec]) -> None:
+    """Refuse `sampling` unless it is a SamplingParams whose epsilon, if set, one of `specs` uses.
+
+    Only csv's certified head samples within total variation epsilon; every other method would ignore it
+    (the CLI refuses --epsilon without --method csv the same way).
+    """
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError("sampling must be a runtime.sampling.SamplingParams, e.g. SamplingParams(temperature=0.7), "
+                        f"got {sampling!r}")
+    if sampling.epsilon is not None and not any(spec.name == "csv" for spec in specs):
+        names = ", ".join(spec.text or str(spec) for spec in specs)
+        raise ValueError(f"epsilon applies to method csv only (its certified head), not {names}; drop epsilon or run csv")
+
+
+def _listed(value, name: str) -> list:
+    """`value` as a list; a bare string is one item, never a sequence of characters."""
+    if isinstance(value, str):
+        return [value]
+    require(isinstance(value, Iterable), name, "a string or a list", value)
+    return list(value)
+
+
+def _check_counts(max_new_tokens, min_response_tokens, seed) -> None:
+    """The integer arguments generate and bench share, each a one-line ValueError when it is not one in range."""
+    require_count("max_new_tokens", max_new_tokens, 1)
+    require_count("min_response_tokens", min_response_tokens, 0, why=" (0 = off)")
+    require_count("seed", seed, 0, MAX_SEED)
 
 
 def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True) -> "Engine":
@@ -66,7 +105,7 @@ class Engine:
 
     def method(self, method: str | MethodSpec) -> Method:
         """The built Method for a name in the grammar of runtime.methods (or a parsed MethodSpec)."""
-        spec = parse_method(method) if isinstance(method, str) else method
+        spec = method_spec(method)
         if spec not in self._methods:
             self._methods[spec] = build_method(self.session, spec)
         return self._methods[spec]
@@ -85,7 +124,8 @@ class Engine:
         """Token ids [P] of a prompt given as text (with chat=True through the chat template) or as ids.
 
         A prompt that leaves no room in the model's context for one new token is a ValueError giving its
-        token count and the limit (a very long text is refused before it is tokenized)."""
+        token count and the limit (a very long text is refused before it is tokenized); so is an id
+        outside the model's vocabulary."""
         limit = self.context_length
         if isinstance(prompt, str):
             if limit and len(prompt) > MAX_CHARS_PER_TOKEN * limit:
@@ -96,9 +136,14 @@ class Engine:
         elif chat:
             raise ValueError("chat=True wraps prompt text in the chat template; give text, not token ids")
         else:
-            ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+            ids = _token_ids(prompt)
         if ids.numel() == 0:
             raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.session.target.vocab_size
+        outside = ((ids < 0) | (ids >= vocab)).nonzero().flatten()
+        if outside.numel():
+            raise ValueError(f"token id {int(ids[outside[0]])} (position {int(outside[0])}) is outside the model's "
+                             f"vocabulary of {vocab} tokens; give ids in 0..{vocab - 1}")
         self.room(ids.numel())
         return ids
 
@@ -121,35 +166,36 @@ class Engine:
         max_new_tokens: int = 128,
         chat: bool = False,
         min_response_tokens: int = 4,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         seed: int = 0,
     ) -> "Generation":
         """Start decoding `prompt` with `method` (None: default_method()); iterate the result for token ids
         as they are appended.
 
         min_response_tokens: with chat, no EOS among the first that many response tokens (0 = off).
-        stop: end once the response contains one of these strings (kept in the output).
+        stop: end once the response contains one of these strings (kept in the output); a bare string is one.
         """
-        if min_response_tokens < 0:
-            raise ValueError("min_response_tokens must be >= 0")
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        run = self.method(self.default_method() if method is None else method)
+        _check_counts(max_new_tokens, min_response_tokens, seed)
+        stops = [] if stop is None else _listed(stop, "stop")
+        require(all(isinstance(text, str) for text in stops), "stop", "a string or a list of strings", stop)
+        spec = self.default_method() if method is None else method_spec(method)
+        check_sampling(sampling, [spec])
+        run = self.method(spec)
         ids = self.encode(prompt, chat)
         room, note = self.room(ids.numel()), None
         if max_new_tokens > room:  # the prompt plus the new tokens stay within the context
             note = (f"note: the prompt ({ids.numel()} tokens) leaves room for {room} new token{'s' * (room != 1)} "
                     f"in the model's context of {self.context_length}; generating at most {room}, not {max_new_tokens}")
             max_new_tokens = room
-        stops = StopStrings(self.tokenizer, stop) if stop else None
+        stops = StopStrings(self.tokenizer, stops) if stops else None
         generator = torch.Generator().manual_seed(seed)
         guard = min_response_tokens if chat else 0
         return Generation(self.tokenizer, run.stream(ids, max_new_tokens, sampling, generator, guard, stops), note)
 
     def bench(
         self,
-        methods: Sequence[str | MethodSpec],
-        prompts: Sequence[str],
+        methods: str | Sequence[str | MethodSpec],
+        prompts: str | Sequence[str],
         max_new_tokens: int = 128,
         sampling: SamplingParams = SamplingParams(),
         seed: int = 0,
@@ -158,20 +204,22 @@ class Engine:
     ) -> dict:
         """Run methods interleaved on the same prompts (ar always among them, first); the JSON record
         `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, the
-        target's perplexity of its output, joules per token or null with the reason, ...)."""
+        target's perplexity of its output, joules per token or null with the reason, ...). A bare string
+        is one method, or one prompt."""
         from runtime.bench.energy import EnergyMeter
         from runtime.bench.perplexity import perplexity
         from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import kernel_name
 
-        specs = check_distinct([parse_method(m) if isinstance(m, str) else m for m in methods])
+        _check_counts(max_new_tokens, min_response_tokens, seed)
+        specs = check_distinct([method_spec(m) for m in _listed(methods, "methods")])
         if not any(spec.name == "ar" and spec.backend is None for spec in specs):
             specs.insert(0, parse_method("ar"))  # speedups are always against ar measured in the same run
-        if min_response_tokens < 0:
-            raise ValueError("min_response_tokens must be >= 0")
-        if max_new_tokens < 1 or not prompts:
-            raise ValueError("bench needs at least one prompt and max_new_tokens >= 1")
+        check_sampling(sampling, specs)
+        prompts = _listed(prompts, "prompts")
+        if not prompts:
+            raise ValueError("bench needs at least one prompt")
         guard = min_response_tokens if chat else 0
         built = [self.method(spec) for spec in specs]
         ids = [self.encode(text, chat) for text in prompts]
@@ -196,6 +244,19 @@ class Engine:
             },
             "methods": summarize(results, sampling),
         }
+
+
+def _token_ids(prompt) -> torch.Tensor:
+    """Token ids [P] of a prompt given as ids (a sequence or tensor of integers); a TypeError for anything else."""
+    try:
+        ids = torch.as_tensor(prompt)
+    except (RuntimeError, TypeError, ValueError):
+        ids = None
+    integers = ids is not None and (ids.numel() == 0 or not (ids.dtype.is_floating_point or ids.dtype.is_complex
+                                                             or ids.dtype == torch.bool))
+    if not integers:
+        raise TypeError(f"a prompt is text or a sequence of token ids (integers), got {prompt!r:.80}")
+    return ids.long().flatten()
 
 
 def _llamacpp_build(specs: Sequence[MethodSpec]) -> dict:

@@ -16,9 +16,16 @@ exact with respect to them: greedy speculative output equals greedy generate_ar 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from runtime.checks import is_number, require, require_count
+
+
+# The largest seed the runtime takes (the CLI's --seed and the API's seed=); torch.Generator.manual_seed
+# would also take up to 2**64 - 1, and negative seeds, which it wraps around.
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -26,19 +33,24 @@ class SamplingParams:
     """How to pick the next token: greedy when temperature is 0."""
 
     temperature: float = 0.0
-    top_k: int = 0  # 0 = no top-k restriction
+    top_k: int = 0  # 0 = no top-k restriction (nor is a k of at least the vocabulary: for_vocab)
     top_p: float = 1.0  # 1.0 = no nucleus restriction
     epsilon: float | None = None  # certified heads only: allow total variation <= epsilon
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.epsilon is not None and not 0 < self.epsilon < 1:
-            raise ValueError("epsilon must be in (0, 1)")
+        require(is_number(self.temperature) and self.temperature >= 0, "temperature",
+                "a finite number >= 0 (0 = greedy)", self.temperature)
+        require_count("top_k", self.top_k, 0, why=" (0 = off)")
+        require(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a finite number in (0, 1] (1 = off)", self.top_p)
+        require(self.epsilon is None or (is_number(self.epsilon) and 0 < self.epsilon < 1), "epsilon",
+                "None or a finite number in (0, 1) (the total variation a csv head may allow)", self.epsilon)
+        if self.epsilon is not None and (self.top_k or self.top_p < 1):
+            raise ValueError("epsilon applies to plain temperature sampling: drop top_k and top_p (--top-k, --top-p) "
+                             "or epsilon")
+
+    def for_vocab(self, vocab_size: int) -> "SamplingParams":
+        """These parameters over a vocabulary of `vocab_size` tokens: a top_k of at least it cuts nothing (0)."""
+        return replace(self, top_k=0) if self.top_k >= vocab_size else self
 
     @property
     def greedy(self) -> bool:
@@ -69,10 +81,11 @@ def nucleus_size(sorted_logits: torch.Tensor, top_p: float, log_z: float) -> int
 def allowed_mask(scaled_logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Tokens that top-k then top-p keep, on full logits [V] already divided by temperature."""
     V = scaled_logits.numel()
+    params = params.for_vocab(V)
     if not (params.top_k or params.top_p < 1.0):
         return torch.ones(V, dtype=torch.bool)
     if params.top_k:
-        values, ids = torch.topk(scaled_logits, min(params.top_k, V))  # [k] descending
+        values, ids = torch.topk(scaled_logits, params.top_k)  # [k] descending
         if params.top_p < 1.0:
             ids = ids[: nucleus_size(values, params.top_p, float(torch.logsumexp(values.double(), 0)))]
     else:

@@ -176,14 +176,6 @@ def test_epsilon_mode_total_variation_is_at_most_epsilon(epsilon: float):
     assert certified.stats.fallbacks == 0
 
 
-def test_epsilon_mode_rejects_top_k_and_top_p(tiny_head: TinyHead):
-    certified = CertifiedHead(tiny_head.weight, tiny_head.bias, screen_bound(tiny_head))
-    for params in (SamplingParams(temperature=1.0, top_k=5, epsilon=0.1),
-                   SamplingParams(temperature=1.0, top_p=0.9, epsilon=0.1)):
-        with pytest.raises(ValueError, match="epsilon"):
-            certified.select(tiny_head.hidden, params, torch.Generator().manual_seed(0))
-
-
 # --- counters -------------------------------------------------------------------------------
 
 

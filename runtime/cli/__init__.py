@@ -83,7 +83,7 @@ def sampling_options(command):
     """--temperature/--top-k/--top-p/--epsilon/--seed, shared by generate and bench."""
     options = [
         click.option("--temperature", type=values.TEMPERATURE, default=0.0, show_default=True, help="0 = greedy."),
-        click.option("--top-k", type=values.NON_NEGATIVE, default=0, show_default=True, help="0 = off."),
+        click.option("--top-k", type=values.TOP_K, default=0, show_default=True, help="0 = off."),
         click.option("--top-p", type=values.TOP_P, default=1.0, show_default=True, help="1 = off."),
         click.option("--epsilon", type=values.EPSILON, default=None, help="csv only: allow total variation <= epsilon."),
         click.option("--seed", type=values.SEED, default=0, show_default=True),

@@ -21,17 +21,18 @@ import click
 
 from runtime.data import PACKAGED_SOURCES, prompts_from_file
 from runtime.kernels.build import usable_cores
+from runtime.sampling import MAX_SEED, SamplingParams
 
 STOP_ESCAPES = r"\n \t \r \\ \" \' \0 \xHH \uHHHH \UHHHHHHHH"
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr0\\\"']|.?)", re.DOTALL)
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
 
 
-def _range_text(low, high, low_open: bool, high_open: bool) -> str:
+def _range_text(low, high, low_open: bool) -> str:
     """'>= 1', 'in (0, 1]', ... for messages."""
     if high is None:
         return f"{'>' if low_open else '>='} {low}"
-    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
 
 
 class Number(click.ParamType):
@@ -39,9 +40,8 @@ class Number(click.ParamType):
 
     name = "number"
 
-    def __init__(self, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False,
-                 hint: str = "") -> None:
-        self.low, self.high, self.low_open, self.high_open, self.hint = low, high, low_open, high_open, hint
+    def __init__(self, low: float, high: float | None = None, low_open: bool = False) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
 
     def convert(self, value, param, ctx):
         try:
@@ -49,15 +49,14 @@ class Number(click.ParamType):
         except (TypeError, ValueError):
             number = None
         if number is None or not math.isfinite(number):
-            self.fail(f"give a finite number {self._range()}{self.hint}, not {value!r}", param, ctx)
+            self.fail(f"give a finite number {self._range()}, not {value!r}", param, ctx)
         below = number <= self.low if self.low_open else number < self.low
-        above = self.high is not None and (number >= self.high if self.high_open else number > self.high)
-        if below or above:
-            self.fail(f"give a number {self._range()}{self.hint}, not {value}", param, ctx)
+        if below or (self.high is not None and number > self.high):
+            self.fail(f"give a number {self._range()}, not {value}", param, ctx)
         return number
 
     def _range(self) -> str:
-        return _range_text(self.low, self.high, self.low_open, self.high_open)
+        return _range_text(self.low, self.high, self.low_open)
 
 
 class Integer(click.ParamType):
@@ -72,8 +71,29 @@ class Integer(click.ParamType):
         text = str(value).strip()
         number = int(text) if re.fullmatch(r"[+-]?\d+", text) else None
         if number is None or number < self.low or (self.high is not None and number > self.high):
-            self.fail(f"give an integer {_range_text(self.low, self.high, False, False)}{self.hint}, not {value!r}",
+            self.fail(f"give an integer {_range_text(self.low, self.high, False)}{self.hint}, not {value!r}",
                       param, ctx)
+        return number
+
+
+class SamplingValue(click.ParamType):
+    """One field of runtime.sampling.SamplingParams (a number, or an integer), checked by SamplingParams
+    itself: the sampling ranges and their messages are stated there once, for the CLI and the API."""
+
+    def __init__(self, field: str, integer: bool = False) -> None:
+        self.field, self.integer = field, integer
+        self.name = "integer" if integer else "number"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        try:
+            number = int(text) if self.integer else float(text)
+        except ValueError:
+            number = text  # not a number: SamplingParams refuses it with the message it gives every bad value
+        try:
+            SamplingParams(**{self.field: number})
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
         return number
 
 
@@ -259,10 +279,11 @@ def writing(option: str):
                                    f"printed above; rerun with a writable {option}") from None
 
 
-TEMPERATURE = Number(0, hint=" (0 = greedy)")
-TOP_P = Number(0, 1, low_open=True, hint=" (1 = off)")
-EPSILON = Number(0, 1, low_open=True, high_open=True, hint=" (the total variation the csv head may allow)")
-SEED = Integer(0, 2**63 - 1)
+TEMPERATURE = SamplingValue("temperature")
+TOP_K = SamplingValue("top_k", integer=True)
+TOP_P = SamplingValue("top_p")
+EPSILON = SamplingValue("epsilon")
+SEED = Integer(0, MAX_SEED)
 COUNT = Integer(1)  # a number of things (tokens, prompts, repeats): at least 1
 THREADS = Integer(1, usable_cores(), hint=" (the cores this process may use)")
 NON_NEGATIVE = Integer(0)

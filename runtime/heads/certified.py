@@ -57,8 +57,7 @@ class CertifiedHead:
         self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """Next token per row [B] for hidden states [B, d]; same tokens as FullHead for the same generator."""
-        if params.epsilon is not None and (params.top_k or params.top_p < 1):
-            raise ValueError("epsilon applies to plain temperature sampling; drop --top-k/--top-p or --epsilon")
+        params = params.for_vocab(self.vocab_size)  # a top-k no smaller than V keeps every token, as FullHead's does
         state = self.bound.prepare(hidden)
         noise = None if params.greedy else gumbel_noise(hidden.shape[0], self.vocab_size, generator)  # [B, V]
         hidden_norms = hidden.double().norm(dim=1).tolist()  # [B]

@@ -31,15 +31,16 @@ def generate(art: Path, *flags) -> list:
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--temperature", "nan"], "give a finite number >= 0"),
-    (["--temperature", "inf"], "give a finite number >= 0"),
-    (["--temperature", "-0.5"], "give a number >= 0 (0 = greedy)"),
-    (["--top-p", "0"], "give a number in (0, 1]"),
-    (["--top-p", "1.5"], "give a number in (0, 1]"),
-    (["--top-k", "-1"], "give an integer >= 0"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0"),
+    (["--temperature", "-0.5"], "a finite number >= 0 (0 = greedy), got -0.5"),
+    (["--top-p", "0"], "top_p must be a finite number in (0, 1] (1 = off)"),
+    (["--top-p", "1.5"], "a finite number in (0, 1]"),
+    (["--top-k", "-1"], "top_k must be an integer >= 0 (0 = off), got -1"),
+    (["--top-k", "1.5"], "top_k must be an integer >= 0 (0 = off), got '1.5'"),
     (["--max-new-tokens", "0"], "give an integer >= 1"),
     (["--max-new-tokens", "-1"], "give an integer >= 1"),
-    (["--epsilon", "1"], "give a number in (0, 1)"),
+    (["--epsilon", "1"], "a finite number in (0, 1)"),
     (["--seed", "-1"], "give an integer in [0,"),
     (["--seed", str(2**64)], "give an integer in [0,"),
     (["--threads", "0"], "give an integer in [1,"),
@@ -49,7 +50,7 @@ def generate(art: Path, *flags) -> list:
     (["--stop", "\\x"], "bad escape '\\x'"),
     (["--stop", "end\\q"], "allowed escapes"),
     (["--stop", ""], "is empty"),
-], ids=["temperature-nan", "temperature-inf", "temperature-negative", "top-p-0", "top-p-above-1", "top-k-negative",
+], ids=["temperature-nan", "temperature-inf", "temperature-negative", "top-p-0", "top-p-above-1", "top-k-negative", "top-k-fraction",
         "max-new-tokens-0", "max-new-tokens-negative", "epsilon-1", "seed-negative", "seed-overflow", "threads-0", "threads-above-cores",
         "cluster-budget-nan", "gamma-above-max", "stop-bad-hex-escape", "stop-unknown-escape", "stop-empty"])
 def test_bad_generate_values(art: Path, flags: list[str], says: str):
@@ -68,6 +69,13 @@ def test_bad_generate_values(art: Path, flags: list[str], says: str):
 def test_bad_method_names(art: Path, method: str, says: str):
     line = runtime_fails(generate(art, "--method", method), says, unchanged=(art,))
     assert "invalid literal" not in line
+
+
+def test_epsilon_with_top_k_or_top_p(art: Path):
+    for flag in (["--top-k", "5"], ["--top-p", "0.9"]):
+        runtime_fails(generate(art, "--method", "csv", "--temperature", "0.7", "--epsilon", "0.1", *flag),
+                      "epsilon applies to plain temperature sampling: drop top_k and top_p (--top-k, --top-p) or epsilon",
+                      unchanged=(art,))
 
 
 def test_a_non_utf8_byte_in_prompt(art: Path):

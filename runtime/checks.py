@@ -1,0 +1,34 @@
+"""Checks of the values a Python caller passes (SamplingParams, runtime.api): one-line ValueErrors.
+
+The CLI parses text with its click types (runtime.cli.values); these check Python objects, where a
+bool passes isinstance(x, int) and nan slips past a range check written as `if x < 0: raise` (every
+comparison with it is false), so both are refused explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def is_number(value) -> bool:
+    """Whether `value` is a finite real number (a bool is not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_integer(value) -> bool:
+    """Whether `value` is an integer (a bool is not; 2.0 is not)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def require(ok: bool, name: str, what: str, value) -> None:
+    """A ValueError "NAME must be WHAT, got VALUE" unless `ok`."""
+    if not ok:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def require_count(name: str, value, low: int, high: int | None = None, why: str = "") -> int:
+    """`value` as an int, or a ValueError unless it is an integer in [low, high] (high None: no limit)."""
+    inside = is_integer(value) and value >= low and (high is None or value <= high)
+    require(inside, name, f"an integer {f'in {low}..{high}' if high is not None else f'>= {low}'}{why}", value)
+    return int(value)
