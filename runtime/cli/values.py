@@ -90,8 +90,8 @@ class SamplingValue(click.ParamType):
             number = int(text) if self.integer else float(text)
         except ValueError:
             number = text  # not a number: SamplingParams refuses it with the message it gives every bad value
-        try:
-            SamplingParams(**{self.field: number})
+        try:  # this field alone, sampling: how the options combine is checked once all are known (sampling_params)
+            SamplingParams(**{"temperature": 1.0, self.field: number})
         except ValueError as e:
             self.fail(str(e), param, ctx)
         return number

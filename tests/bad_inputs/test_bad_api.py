@@ -72,9 +72,11 @@ def test_a_top_k_of_at_least_the_vocabulary_cuts_nothing_in_any_head(engine):
     ({"epsilon": math.nan}, "epsilon must be None or a finite number in (0, 1)"),
     ({"temperature": 1.0, "top_k": 5, "epsilon": 0.1}, "epsilon applies to plain temperature sampling"),
     ({"temperature": 1.0, "top_p": 0.9, "epsilon": 0.1}, "epsilon applies to plain temperature sampling"),
+    ({"top_k": 5}, "top_k (--top-k) applies to sampling, but temperature 0 is greedy"),
+    ({"top_k": 5, "top_p": 0.9}, "top_k and top_p (--top-k, --top-p) apply to sampling, but temperature 0"),
 ], ids=["temperature-nan", "temperature-inf", "temperature-negative", "temperature-text", "temperature-bool",
         "top-k-fraction", "top-k-bool", "top-k-negative", "top-p-0", "top-p-nan", "epsilon-1", "epsilon-nan",
-        "epsilon-with-top-k", "epsilon-with-top-p"])
+        "epsilon-with-top-k", "epsilon-with-top-p", "top-k-when-greedy", "top-k-and-top-p-when-greedy"])
 def test_bad_sampling_params(values: dict, says: str):
     with pytest.raises(ValueError) as error:
         SamplingParams(**values)

@@ -71,6 +71,13 @@ def test_bad_method_names(art: Path, method: str, says: str):
     assert "invalid literal" not in line
 
 
+def test_sampling_options_without_a_temperature(art: Path):
+    """Greedy decoding would ignore them: refused before the model loads, not silently dropped."""
+    runtime_fails(generate(art, "--method", "csv", "--top-p", "0.9"),
+                  "top_p (--top-p) applies to sampling, but temperature 0 is greedy: give a temperature above 0",
+                  unchanged=(art,))
+
+
 def test_epsilon_with_top_k_or_top_p(art: Path):
     for flag in (["--top-k", "5"], ["--top-p", "0.9"]):
         runtime_fails(generate(art, "--method", "csv", "--temperature", "0.7", "--epsilon", "0.1", *flag),
