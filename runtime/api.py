@@ -11,7 +11,8 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
         ...
     print(run.text, run.stats.tokens_per_s)         # after the last token
     print(run.note)                                 # set when max_new_tokens was lowered to fit the context
-    engine.generate("Tell me a joke.", chat=True, sampling=SamplingParams(temperature=0.7)).text
+    chat = api.load("art/qwen")                     # an instruct model with a chat template (gemma3-270m has none)
+    chat.generate("Tell me a joke.", chat=True, sampling=SamplingParams(temperature=0.7)).text
     record = engine.bench(["ar", "csv", "spec:int8"], ["def fib(n):", "class Stack:"], max_new_tokens=32)
 """
 
