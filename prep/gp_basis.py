@@ -19,14 +19,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import safetensors
 import torch
 from tqdm import tqdm
 
-from prep.traces import read_index
+from prep.trace_files import complete_shards, shard_tensors, traces_of
 from runtime.drafters.gp import ATTENTION_GROUPS, GROUPS, MLP_GROUPS, basis_key, group_linears
 
-REPORT_RANKS = (64, 128, 256)  # plus d/2: the ranks whose retained energy the stage params record
+REPORT_RANKS = (64, 128, 256)  # plus d/2 and the stage's rank: the ranks whose retained energy the params record
 
 
 def top_eigenvectors(gram: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,18 +51,21 @@ def weight_bases(body: torch.nn.Module, groups: tuple[str, ...], rank: int, prog
     return tensors
 
 
-def trace_texts(traces_dir: str | Path, model_name: str, max_tokens: int) -> list[torch.Tensor]:
+def check_rank(rank: int, hidden_size: int) -> int:
+    """`rank` if a basis can have it (1 to the hidden size); ValueError naming the limit otherwise."""
+    if not 1 <= rank <= hidden_size:
+        raise ValueError(f"--rank must be between 1 and the hidden size {hidden_size}, got {rank}")
+    return rank
+
+
+def trace_texts(traces_dir: str | Path, model_name: str, vocab_size: int, max_tokens: int) -> list[torch.Tensor]:
     """The token ids of the traces' texts [T_i], in order, until `max_tokens` tokens."""
-    index = read_index(Path(traces_dir))
-    if index.get("model") != model_name:
-        raise ValueError(f"{traces_dir} holds traces of {index.get('model')!r}, not {model_name!r}; "
-                         f"run: prep traces {model_name} --corpus sharegpt -o TR")
     texts, total = [], 0
-    for entry in index["shards"]:
-        if not entry.get("complete") or total >= max_tokens:
-            continue
-        with safetensors.safe_open(str(Path(traces_dir) / entry["file"]), framework="pt") as shard:
-            ids, doc = shard.get_tensor("input_ids").long(), shard.get_tensor("doc")
+    for name in complete_shards(traces_of(traces_dir, model_name, vocab_size)):
+        if total >= max_tokens:
+            break
+        shard = shard_tensors(traces_dir, name, ["input_ids", "doc"])
+        ids, doc = shard["input_ids"].long(), shard["doc"]
         starts = torch.cat([torch.tensor([0]), torch.nonzero(doc[1:] != doc[:-1]).flatten() + 1, torch.tensor([len(doc)])])
         for start, end in zip(starts[:-1].tolist(), starts[1:].tolist()):
             if total >= max_tokens:
@@ -127,8 +129,7 @@ def retained_energy(tensors: dict[str, torch.Tensor], kind: str, groups: tuple[s
 def build_gp_basis(body: torch.nn.Module, rank: int, mlp: bool = False, texts: list[torch.Tensor] | None = None,
                    progress: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """Tensors and params of stage `gp`: weights bases always, activation bases when `texts` are given."""
-    if rank < 1:
-        raise ValueError(f"--rank must be >= 1, got {rank}")
+    check_rank(rank, body.config.hidden_size)
     started = time.perf_counter()
     groups = ATTENTION_GROUPS + (MLP_GROUPS if mlp else ())
     tensors = weight_bases(body, groups, rank, progress)
@@ -138,7 +139,7 @@ def build_gp_basis(body: torch.nn.Module, rank: int, mlp: bool = False, texts: l
         kinds.append("activations")
     layers = len(body.layers)
     hidden = body.config.hidden_size
-    ranks = sorted({k for k in (*REPORT_RANKS, hidden // 2) if k <= rank})
+    ranks = sorted({k for k in (*REPORT_RANKS, hidden // 2) if k <= rank} | {rank})
     params = {
         "max_rank": rank,
         "kinds": kinds,

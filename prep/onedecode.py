@@ -149,14 +149,13 @@ def padded(tokens: torch.Tensor) -> torch.Tensor:
 def bake(traces_dir: str, model_name: str, vocab_size: int, v_bake: int, top_k: int, min_pair_count: int,
          progress: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """Load traces, build the table, measure it on the held-out split: (tensors, params)."""
-    from prep.traces import load_traces
+    from prep.trace_files import load_traces, require_split, traces_of
 
+    traces_of(traces_dir, model_name, vocab_size)
     with tqdm(total=3, desc="onedecode", unit="step", disable=not progress, file=sys.stderr) as bar:
         bar.set_postfix_str("loading traces")
         index, traces = load_traces(traces_dir, TRACE_KEYS)
-        if index.get("model") != model_name or index.get("vocab_size") != vocab_size:
-            raise ValueError(f"{traces_dir} traces {index.get('model')} (vocabulary {index.get('vocab_size')}), not the "
-                             f"artifact's {model_name} ({vocab_size}); run: prep traces {model_name} -o NEW_DIR")
+        require_split(traces_dir, traces["split"], "train")  # else a table of no keys
         bar.update()
         bar.set_postfix_str("building")
         tensors, params = build_table(traces, vocab_size, v_bake, top_k, min_pair_count)

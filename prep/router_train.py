@@ -26,7 +26,8 @@ from artifacts.format import Stage
 from prep.cluster import _compact, spherical_kmeans
 from prep.recipes import RouterRecipe
 from prep.router_loss import positive_clusters, router_loss
-from prep.traces import SPLITS, build_traces, load_traces, parse_layers, read_index
+from prep.trace_files import load_traces, require_split, traces_of
+from prep.traces import SPLITS, build_traces, parse_layers
 from runtime.router import ONNX_FILE, Router, export_onnx
 
 RECALL_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -114,9 +115,7 @@ class TraceDataModule(L.LightningDataModule):
         else:
             label = self.labels[t["top1"].long()][:, None]  # [N, 1]
         for name in ("train", "validation"):
-            rows = t["split"] == SPLITS.index(name)
-            if not rows.any():
-                raise ValueError(f"the traces at {self.traces} have no {name} rows; trace more text (--max-tokens)")
+            rows = require_split(self.traces, t["split"], name)
             self.splits[name] = TensorDataset(t["input_ids"][rows], previous[rows], label[rows])
         train_next = t["next_token"][(t["split"] == SPLITS.index("train")) & (t["next_token"] >= 0)].long()
         self.token_counts = torch.bincount(train_next, minlength=len(self.labels))
@@ -166,9 +165,7 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
     started = time.perf_counter()
     c = config
     L.seed_everything(c.seed, workers=True)
-    index = read_index(Path(traces))
-    if index["vocab_size"] != session.target.vocab_size:
-        raise ValueError(f"the traces at {traces} are of a model with vocabulary {index['vocab_size']}, not this artifact's")
+    index = traces_of(traces, session.model.info.name, session.target.vocab_size)
     hidden = c.hidden or default_hidden(index)
     key = hidden_key(hidden)
     target = session.target
@@ -226,7 +223,8 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
 
 def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, force: bool = False,
                        progress: bool = True) -> dict:
-    """The recipe's `[router]` section end to end: prep traces (resumed if begun), then prep train-router."""
+    """The recipe's `[router]` section end to end: prep traces (resumed if begun, rebuilt with `force`), then
+    prep train-router; `prep all --traces` names the traces folder."""
     from runtime.session import Session
     from runtime.backends.hf import TransformersTarget
     from runtime.backends.lean import model_eos_ids
@@ -234,7 +232,7 @@ def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, 
     target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
     build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, traces, cfg.max_tokens,
                  max_tokens_per_text=cfg.max_tokens_per_text, drafter_layers=parse_layers(cfg.drafter_layers),
-                 progress=progress)
+                 force=force, option="--traces", progress=progress)
     session = Session(artifact, loaded, target)
     return train_router(session, traces, Path(traces) / "router-train", RouterConfig.from_recipe(cfg, progress=progress),
                         force=force)

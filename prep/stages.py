@@ -9,7 +9,6 @@ built with the requested parameters is kept, one built with others needs --force
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,11 +20,11 @@ from typing import Any
 import torch
 
 from artifacts import Artifact, ArtifactError, ArtifactLocked, StageExists
-from artifacts.atomic import WriterLock, remove_dead_leftovers
 from artifacts.format import MANIFEST_FILE, Stage
 from artifacts.manifest import read_manifest
 from artifacts.writing import check_output_dir
 from prep.cluster import build_clusters
+from prep.folders import locked_folder
 from prep.screen import build_screen
 from prep.screen4 import build_screen4, calibration_hidden
 from runtime.backends.hf import TransformersTarget
@@ -49,57 +48,26 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
     parents) while they are empty.
     """
     path = Path(out)
-    made, had_manifest = _missing_folders(path), (path / MANIFEST_FILE).exists()
+    had_manifest = (path / MANIFEST_FILE).exists()
     try:
         check_output_dir(path, force)
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied", str(path))
-    except OSError as e:
-        _remove_empty(made)
-        raise ArtifactError(f"cannot write to {path} ({e.strerror or e}); choose a writable -o") from None
-    lock = WriterLock(path)
-    holder = lock.acquire()
-    if holder is not None:
-        raise ArtifactLocked(path, holder)
-    try:
-        remove_dead_leftovers(path)  # a killed run's temporaries: we hold the lock, so they are dead
-        yield path
-    finally:
-        lock.release()
-        if not had_manifest:
-            _remove_if_unbuilt(path, made)
-
-
-def _missing_folders(path: Path) -> list[Path]:
-    """The folders `path.mkdir(parents=True)` would make: `path` and its missing parents, deepest first."""
-    missing = []
-    for folder in (path, *path.parents):
-        if folder.exists():
-            break
-        missing.append(folder)
-    return missing
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders (deepest first) while they are empty; stop at the first that holds something."""
-    for folder in folders:
+    except OSError as e:  # an unreadable folder
+        raise ArtifactError(f"cannot read {path} ({e.strerror or e}); choose a readable -o") from None
+    with locked_folder(path, "-o", lambda pid: ArtifactLocked(path, pid)):
         try:
-            folder.rmdir()
-        except OSError:
-            return  # something else is there (or it never got made): leave it and its parents
+            yield path
+        finally:
+            if not had_manifest:
+                _remove_unbuilt_manifest(path)
 
 
-def _remove_if_unbuilt(path: Path, made: list[Path]) -> None:
-    """Remove the manifest this command wrote in `path` if it records no stage, then the folders it made while empty."""
+def _remove_unbuilt_manifest(path: Path) -> None:
+    """Remove the manifest this command wrote in `path` if it records no stage."""
     try:
-        if (path / MANIFEST_FILE).exists():
-            if read_manifest(path).stages:
-                return
+        if (path / MANIFEST_FILE).exists() and not read_manifest(path).stages:
             (path / MANIFEST_FILE).unlink()
     except (ArtifactError, OSError):
         return  # something else is there: leave it
-    _remove_empty(made)
 
 
 @contextmanager

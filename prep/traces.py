@@ -11,30 +11,30 @@ Texts are assigned to shards and to a split (train / validation / heldout) befor
 runs. A packaged corpus's text is split by a hash of the corpus and its index
 (`runtime.data.split_of`, which also keeps ShareGPT bench prompts out of training); a file's text by
 a hash of its content (`split_of_text`), so moving or reordering the file keeps every split. A
-rerun therefore finds the same shards: a shard whose file exists and whose index entry is complete
-is skipped. Shards and the index are written atomically (temporary sibling, fsync, rename).
+rerun therefore finds the same shards: a shard whose file is intact and whose index entry is
+unchanged is skipped. A rerun may add traces (a larger budget) but, without --force, neither
+change their settings nor remove or shorten them; --force rebuilds the folder. Shards and the
+index are written atomically (temporary sibling, fsync, rename); prep/trace_files.py reads them.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import safetensors
 import safetensors.torch
 import torch
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
+from prep.trace_files import (INDEX_FILE, TRACES_FORMAT, read_index, remove_unlisted_shards, shard_intact, shard_name,
+                              write_index, writing_traces)
 from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
                           sharegpt_conversations, split_of, split_of_text)
 from runtime.backends.hf import TransformersTarget
 
-INDEX_FILE = "index.json"
-TRACES_FORMAT = 1
 TOP_TOKENS = 8
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 
@@ -64,10 +64,24 @@ def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
             # An empty text for a conversation without turns keeps text i = conversation i, the
             # index runtime.data.split_of assigns bench prompts by.
             yield render_chat(tokenizer, turns) if turns else ""
-    elif Path(corpus).is_file():
-        yield from prompts_from_file(corpus)
     else:
+        yield from corpus_file_texts(corpus)
+
+
+def corpus_file_texts(corpus: str) -> list[str]:
+    """The texts of a corpus file; ValueError naming the fix for an unknown name, a bad file or an empty one."""
+    if not Path(corpus).is_file():
         raise ValueError(f"unknown corpus {corpus!r}: use sharegpt, humaneval, or the path of a JSON file of {{\"text\": ...}}")
+    texts = prompts_from_file(corpus)
+    if not texts:
+        raise ValueError(f"{corpus} holds no text; give a JSON list of {{\"text\": ...}} objects")
+    return texts
+
+
+def check_corpus(corpus: str) -> None:
+    """Refuse, before the model loads, a corpus that is not packaged and not a file of texts."""
+    if corpus not in PACKAGED_SOURCES:
+        corpus_file_texts(corpus)
 
 
 def render_chat(tokenizer, turns: list[dict]) -> str:
@@ -102,7 +116,7 @@ def plan_shards(
 ) -> list[ShardPlan]:
     """Tokenize texts until `max_tokens` and group them into shards of about `shard_tokens` tokens."""
     plans: list[ShardPlan] = []
-    current = ShardPlan(_shard_name(0), [], [], [])
+    current = ShardPlan(shard_name(0), [], [], [])
     total = 0
     for index, text in enumerate(texts):
         if total >= max_tokens:
@@ -117,14 +131,10 @@ def plan_shards(
         total += len(ids)
         if current.tokens >= shard_tokens:
             plans.append(current)
-            current = ShardPlan(_shard_name(len(plans)), [], [], [])
+            current = ShardPlan(shard_name(len(plans)), [], [], [])
     if current.docs:
         plans.append(current)
     return plans
-
-
-def _shard_name(i: int) -> str:
-    return f"shard-{i:05d}.safetensors"
 
 
 @torch.inference_mode()
@@ -169,21 +179,6 @@ def run_shard(target: TransformersTarget, plan: ShardPlan, drafter_layers: list[
     return tensors
 
 
-def write_index(out: Path, index: dict) -> None:
-    atomic_write(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
-
-
-def read_index(out: Path) -> dict:
-    """The index of a traces directory; ValueError naming the fix when it is not one."""
-    path = Path(out) / INDEX_FILE
-    if not path.is_file():
-        raise ValueError(f"{out} holds no traces ({INDEX_FILE} missing); run: prep traces MODEL --corpus sharegpt -o {out}")
-    index = json.loads(path.read_text())
-    if index.get("format") != TRACES_FORMAT:
-        raise ValueError(f"{path}: unknown traces format {index.get('format')!r}; rerun prep traces into a new directory")
-    return index
-
-
 def build_traces(
     target: TransformersTarget,
     tokenizer,
@@ -194,15 +189,19 @@ def build_traces(
     shard_tokens: int = 16_384,
     max_tokens_per_text: int = 512,
     drafter_layers: tuple[int, ...] = (),
+    force: bool = False,
+    option: str = "-o",
     progress: bool = True,
 ) -> dict:
-    """Write (or complete) a traces directory; returns its index."""
+    """Write (or complete) a traces folder; returns its index.
+
+    `force` rebuilds every shard whatever the folder held, and deletes the shard files the new index
+    does not list. `option` is the flag that named the folder, for error lines.
+    """
     layers = getattr(target.body.config, "num_hidden_layers", 0)
     for n in drafter_layers:
         if not 1 <= n < layers:
             raise ValueError(f"--drafter-layers takes depths in 1..{layers - 1} (the target has {layers} layers), got {n}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = {
         "format": TRACES_FORMAT,
         "model": model_name,
@@ -215,43 +214,49 @@ def build_traces(
         "hidden_size": target.hidden_size,
         "split_percent": dict(zip(SPLITS, SPLIT_PERCENT)),
     }
-    previous = read_index(out) if (out / INDEX_FILE).is_file() else None
-    if previous is not None:
-        # The token budget may change: shards whose texts stay the same are kept, the rest redone.
-        changed = [k for k, v in settings.items() if k != "max_tokens" and previous.get(k) != v]
-        if changed:
-            raise ValueError(f"{out} holds traces made with other settings ({', '.join(changed)}); choose another -o")
-    done = {e["file"]: e for e in (previous or {}).get("shards", []) if e.get("complete")}
-    plans = plan_shards(corpus_texts(corpus, tokenizer), tokenizer, corpus, max_tokens, shard_tokens, max_tokens_per_text)
-    index = {**settings, "shards": []}
-    bar = tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress, file=sys.stderr)
-    for plan in plans:
-        entry = plan.entry()
-        if done.get(plan.name) == entry and (out / plan.name).is_file():
-            bar.update(plan.tokens)
-        else:
-            tensors = run_shard(target, plan, settings["drafter_layers"], bar)
-            atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp)))
-        index["shards"].append(entry)
-        write_index(out, index)  # after every shard, so an interrupted run resumes here
-    bar.close()
+    with writing_traces(out, option) as out:
+        previous = None if force or not (out / INDEX_FILE).is_file() else read_index(out)
+        plans = plan_shards(corpus_texts(corpus, tokenizer), tokenizer, corpus, max_tokens, shard_tokens, max_tokens_per_text)
+        if not plans:
+            raise ValueError(f"the corpus {corpus} holds no text of 2 tokens or more; give one that does")
+        if previous is not None:
+            check_rerun(previous, settings, plans, out, option)
+        done = {e["file"]: e for e in (previous or {}).get("shards", []) if e.get("complete")}
+        index = {**settings, "shards": []}
+        with tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress,
+                  file=sys.stderr) as bar:
+            for plan in plans:
+                entry = plan.entry()
+                if done.get(plan.name) == entry and shard_intact(out / plan.name):
+                    bar.update(plan.tokens)
+                else:
+                    if (out / INDEX_FILE).exists():
+                        write_index(out, index)  # no index may list a shard while it is rewritten
+                    tensors = run_shard(target, plan, settings["drafter_layers"], bar)
+                    atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp)))
+                index["shards"].append(entry)
+                write_index(out, index)  # after every shard, so an interrupted run resumes here
+        remove_unlisted_shards(out, index)
     return index
 
 
-def load_traces(out: str | Path, keys: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The index and the named tensors of every complete shard, concatenated (other tensors are not read)."""
-    out = Path(out)
-    index = read_index(out)
-    files = [out / e["file"] for e in index["shards"] if e.get("complete")]
-    if not files:
-        raise ValueError(f"{out} has no complete shard; rerun prep traces to finish it")
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
-    for path in files:
-        with safetensors.safe_open(str(path), framework="pt") as shard:
-            missing = [k for k in keys if k not in shard.keys()]
-            if missing:
-                raise ValueError(f"{out} has no {', '.join(missing)}; rerun prep traces into a new directory "
-                                 "(with the matching --drafter-layers)")
-            for k in keys:
-                parts[k].append(shard.get_tensor(k))
-    return index, {k: torch.cat(v) for k, v in parts.items()}
+def check_rerun(previous: dict, settings: dict, plans: list[ShardPlan], out: Path, option: str) -> None:
+    """Refuse a rerun (without --force) that would change the traces' settings, or remove or shorten traces."""
+    changed = [k for k, v in settings.items() if k != "max_tokens" and previous.get(k) != v]
+    if changed:
+        raise ValueError(f"{out} holds traces made with other settings ({', '.join(changed)}); "
+                         f"pass --force to replace them, or choose another {option}")
+    planned = {p.name: p.entry() for p in plans}
+    lost = [e for e in previous["shards"] if not _kept_or_grown(e, planned.get(e["file"]))]
+    if lost:
+        held = sum(e["tokens"] for e in previous["shards"] if isinstance(e.get("tokens"), int))
+        raise ValueError(f"{out} holds {held} tokens of traces and this run (a budget of {settings['max_tokens']} tokens) "
+                         f"would remove or shorten {len(lost)} of its {len(previous['shards'])} shards; "
+                         f"pass --force to rebuild the folder, or choose another {option}")
+
+
+def _kept_or_grown(old: dict, new: dict | None) -> bool:
+    """Whether a shard's new plan holds at least its old texts: the same, or more (the last shard, under a larger budget)."""
+    docs, tokens = old.get("docs"), old.get("tokens")
+    return (new is not None and isinstance(docs, list) and new["docs"][: len(docs)] == docs
+            and isinstance(tokens, int) and new["tokens"] >= tokens)

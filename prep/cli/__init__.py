@@ -10,15 +10,21 @@ from runtime.cli import OneLineGroup
 from runtime.cli import clean_errors as runtime_clean_errors
 
 
-def clean_errors(command):
-    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C."""
+STAGES_KEPT = "stages already written are kept: rerun the same command to finish"
+
+
+def clean_errors(command=None, *, interrupted: str = STAGES_KEPT):
+    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C, whose line says
+    `interrupted`: what the command keeps, and how to go on (`@clean_errors(interrupted=...)` for another)."""
+    if command is None:
+        return functools.partial(clean_errors, interrupted=interrupted)
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return runtime_clean_errors(command)(*args, **kwargs)
         except KeyboardInterrupt:
-            click.echo("Error: interrupted; stages already written are kept: rerun the same command to finish", err=True)
+            click.echo(f"Error: interrupted; {interrupted}", err=True)
             raise click.exceptions.Exit(130) from None
         except OSError as e:
             where = f" ({e.filename})" if e.filename else ""

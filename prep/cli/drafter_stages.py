@@ -11,41 +11,44 @@ from prep import stages
 from prep.cli import clean_errors, main
 from prep.recipes import load_recipe, overridden
 from prep.router_loss import LOSSES
+from runtime.cli.values import COUNT, Integer
 from runtime.models import DEFAULT_MODEL
 
 
 @main.command("traces")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--corpus", default=None, help="sharegpt, humaneval, or a JSON file of {\"text\": ...} objects (default: the recipe's).")
-@click.option("-o", "--out", required=True, help="Traces directory to create or complete.")
-@click.option("--max-tokens", type=int, default=None, help="Total token budget (default: the recipe's).")
-@click.option("--shard-tokens", type=int, default=16_384, show_default=True, help="Tokens per shard (the resume unit).")
-@click.option("--max-tokens-per-text", type=int, default=None, help="Default: the recipe's.")
+@click.option("-o", "--out", required=True, help="Traces folder to create or complete (its own folder, not an artifact).")
+@click.option("--max-tokens", type=COUNT, default=None, help="Total token budget (default: the recipe's).")
+@click.option("--shard-tokens", type=COUNT, default=16_384, show_default=True, help="Tokens per shard (the resume unit).")
+@click.option("--max-tokens-per-text", type=Integer(2), default=None, help="Default: the recipe's.")
 @click.option("--drafter-layers", default=None,
               help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 16 or 15,16; 0 = none (default: the recipe's).")
-@clean_errors
-def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_tokens_per_text, drafter_layers) -> None:
+@click.option("--force", is_flag=True, help="Rebuild the folder's traces: needed to change their settings, or to remove or shorten them.")
+@clean_errors(interrupted="complete shards are kept: rerun the same command to resume")
+def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_tokens_per_text, drafter_layers,
+           force: bool) -> None:
     """Run the target teacher-forced over a corpus and write trace shards (resumable).
 
     \b
     prep traces gemma3-270m -o traces/g270
     prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000 --drafter-layers 16
     """
-    from prep.traces import build_traces, parse_layers
+    from prep.trace_files import check_traces_folder
+    from prep.traces import build_traces, check_corpus, parse_layers
     from runtime.models import load_model
     from runtime.backends.hf import TransformersTarget
     from runtime.backends.lean import model_eos_ids
 
     cfg = overridden(load_recipe(model).router, corpus=corpus, max_tokens=max_tokens,
                      max_tokens_per_text=max_tokens_per_text, drafter_layers=drafter_layers)
-    corpus, max_tokens, max_tokens_per_text = cfg.corpus, cfg.max_tokens, cfg.max_tokens_per_text
     layers = parse_layers(cfg.drafter_layers)
-    if max_tokens < 1 or shard_tokens < 1 or max_tokens_per_text < 2:
-        raise click.BadParameter("token counts must be positive (at least 2 tokens per text)")
+    check_corpus(cfg.corpus)
+    check_traces_folder(out, "-o")
     loaded = load_model(model)
     target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
-    index = build_traces(target, loaded.tokenizer, loaded.info.name, corpus, out, max_tokens, shard_tokens,
-                         max_tokens_per_text, tuple(layers))
+    index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
+                         cfg.max_tokens_per_text, tuple(layers), force)
     tokens = sum(e["tokens"] for e in index["shards"])
     click.echo(f"{out}: {len(index['shards'])} shards, {tokens} tokens")
 
@@ -100,9 +103,9 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
 
 @main.command("gp-basis")
 @click.argument("artifact")
-@click.option("--rank", type=int, default=None, help="Largest rank stored (default: the hidden size); the runtime's gp:K takes any K up to it.")
+@click.option("--rank", type=COUNT, default=None, help="Largest rank stored (default: the hidden size); the runtime's gp:K takes any K up to it.")
 @click.option("--traces", "traces_dir", default=None, help="Traces directory (prep traces): also build activation-aware bases (gp:K:act).")
-@click.option("--max-tokens", type=int, default=65_536, show_default=True, help="--traces: layer inputs from at most this many tokens.")
+@click.option("--max-tokens", type=COUNT, default=65_536, show_default=True, help="--traces: layer inputs from at most this many tokens.")
 @click.option("--mlp", is_flag=True, help="Also compress the MLP (gate/up, down); default: attention only (q/k/v, o).")
 @click.option("--force", is_flag=True, help="Overwrite an existing gp stage.")
 @clean_errors
@@ -114,14 +117,18 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
     prep gp-basis art/g270 --rank 320 --traces traces/g270 --force
     runtime generate art/g270 --method spec --drafter gp:128:act --prompt "def fib(n):"
     """
-    from prep.gp_basis import build_gp_basis, trace_texts
+    from prep.gp_basis import build_gp_basis, check_rank, trace_texts
+    from prep.trace_files import traces_of
     from runtime.session import open_session
 
-    with stages.adding_stage(artifact, Stage.GP, force):
+    with stages.adding_stage(artifact, Stage.GP, force) as art:
+        rank = art.model.hidden_size if rank is None else check_rank(rank, art.model.hidden_size)
+        if traces_dir:
+            traces_of(traces_dir, art.model.name, art.model.vocab_size)
         session = open_session(artifact, backend="transformers")  # bases come from the fp32 weights
         body = session.target.body
-        texts = trace_texts(traces_dir, session.model.info.name, max_tokens) if traces_dir else None
-        tensors, params = build_gp_basis(body, body.config.hidden_size if rank is None else rank, mlp, texts)
+        texts = trace_texts(traces_dir, session.model.info.name, session.target.vocab_size, max_tokens) if traces_dir else None
+        tensors, params = build_gp_basis(body, rank, mlp, texts)
         params["traces"] = traces_dir
         session.artifact.write_stage(Stage.GP, tensors, params, force=force)
     energy = ", ".join(f"{kind} {group} k={k}: {v:.1%}" for kind, table in params["retained_energy"].items()

@@ -18,7 +18,7 @@ from runtime.models import DEFAULT_MODEL, resolve_model
 
 @main.command("import")
 @click.argument("model", default=DEFAULT_MODEL)
-@clean_errors
+@clean_errors(interrupted="nothing half-converted is kept in the model cache: rerun the same command")
 def import_model(model: str) -> None:
     """Resolve and convert a model once (cached as a safetensors directory).
 
@@ -116,7 +116,13 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
     if low_bit.in_all:
         requested[Stage.SCREEN4] = stages.screen4_request(low_bit.rank, low_bit.group)
     if with_router:
+        from prep.trace_files import check_traces_folder
+        from prep.traces import check_corpus
+
         requested[Stage.ROUTER] = {}
+        traces_dir = traces_dir or str(Path("traces") / Path(out).name)
+        check_traces_folder(traces_dir, "--traces")
+        check_corpus(recipe.router.corpus)
     with stages.output_artifact(out, force) as path:
         todo = stages.plan(stages.existing(path, model), requested, force)
         if not todo:
@@ -137,7 +143,6 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
         if Stage.ROUTER in todo:
             from prep.router_train import router_from_recipe
 
-            traces_dir = traces_dir or str(Path("traces") / Path(out).name)
             params = router_from_recipe(source.model, source.artifact, recipe.router, traces_dir, force)
             click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
                        f"traces in {traces_dir}", err=True)

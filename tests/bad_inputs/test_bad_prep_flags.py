@@ -39,7 +39,7 @@ def test_gp_basis_on_a_missing_artifact(tmp_path: Path):
 
 
 def test_gp_basis_rank_zero(art: Path):
-    prep_fails(["gp-basis", art, "--rank", "0"], "--rank must be >= 1", unchanged=(art,))
+    prep_fails(["gp-basis", art, "--rank", "0"], "Invalid value for '--rank': give an integer >= 1", code=2, unchanged=(art,))
 
 
 def test_train_router_on_a_plain_directory(tmp_path: Path):

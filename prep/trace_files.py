@@ -1,0 +1,161 @@
+"""A traces folder on disk (prep traces' output): its index, its shards, and the one run that may write it.
+
+Every reader goes through `read_index` and `shard_tensors`, so a damaged folder (an index that is
+not JSON or not of the index's shape, a shard file missing or truncated) is refused in one line
+naming the file and the fix. `writing_traces` refuses a folder that cannot hold traces (a file, a
+specvocab artifact) and holds the folder's writer lock, so two traces runs never write one folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import safetensors
+import torch
+
+from artifacts.atomic import atomic_write
+from artifacts.format import MANIFEST_FILE
+from prep.folders import locked_folder
+from runtime.data import SPLITS
+
+INDEX_FILE = "index.json"
+TRACES_FORMAT = 1
+SHARD_NAME = re.compile(r"shard-\d{5}\.safetensors")
+
+
+def shard_name(i: int) -> str:
+    return f"shard-{i:05d}.safetensors"
+
+
+def rebuild_fix(out: Path | str) -> str:
+    """How to replace a traces folder that cannot be used as it is."""
+    return f"rebuild it with `prep traces MODEL -o {out} --force`, or delete {out}"
+
+
+def read_index(out: str | Path) -> dict:
+    """The index of a traces folder; ValueError naming the fix when it is missing, damaged or of another format."""
+    path = Path(out) / INDEX_FILE
+    if not path.is_file():
+        raise ValueError(f"{out} holds no traces ({INDEX_FILE} missing); run: prep traces MODEL --corpus sharegpt -o {out}")
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is damaged ({e}); {rebuild_fix(out)}") from None
+    problem = _index_problem(index)
+    if problem:
+        raise ValueError(f"{path} is not a traces index ({problem}); {rebuild_fix(out)}")
+    return index
+
+
+def _index_problem(index) -> str | None:
+    """What keeps `index` from being a traces index readers can use, or None."""
+    if not isinstance(index, dict):
+        return f"a JSON {type(index).__name__}, not an object"
+    if index.get("format") != TRACES_FORMAT:
+        return f"format {index.get('format')!r}, this version reads {TRACES_FORMAT}"
+    if not isinstance(index.get("model"), str) or not isinstance(index.get("vocab_size"), int):
+        return "no model name or vocabulary size"
+    shards = index.get("shards")
+    if not isinstance(shards, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("file"), str) and SHARD_NAME.fullmatch(e["file"]) for e in shards
+    ):
+        return 'its "shards" are not a list of {"file": "shard-NNNNN.safetensors", ...} entries'
+    return None
+
+
+def traces_of(out: str | Path, model_name: str, vocab_size: int) -> dict:
+    """The index of a traces folder made by `model_name`; another model's traces are refused naming the fix."""
+    index = read_index(out)
+    if index["model"] != model_name or index["vocab_size"] != vocab_size:
+        raise ValueError(f"{out} holds traces of {index['model']} (vocabulary {index['vocab_size']}), not of "
+                         f"{model_name} ({vocab_size}); run: prep traces {model_name} -o NEW_DIR, then pass --traces NEW_DIR")
+    return index
+
+
+def write_index(out: Path, index: dict) -> None:
+    atomic_write(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
+
+
+def complete_shards(index: dict) -> list[str]:
+    """The file names of the index's complete shards, in order."""
+    return [e["file"] for e in index["shards"] if e.get("complete")]
+
+
+def shard_tensors(out: str | Path, name: str, keys: list[str]) -> dict[str, torch.Tensor]:
+    """The named tensors of one shard; ValueError naming the fix when the file is missing, damaged or lacks one."""
+    path = Path(out) / name
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as shard:
+            missing = [k for k in keys if k not in shard.keys()]
+            if missing:
+                raise ValueError(f"{out} has no {', '.join(missing)}; rerun prep traces into a new directory "
+                                 "(with the matching --drafter-layers)")
+            return {k: shard.get_tensor(k) for k in keys}
+    except (safetensors.SafetensorError, OSError) as e:
+        what = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({e})"
+        raise ValueError(f"{path} is {what}; rerun the prep traces command that wrote {out} "
+                         f"(it redoes missing and damaged shards), or delete {out}") from None
+
+
+def shard_intact(path: Path) -> bool:
+    """Whether a shard file exists and its header covers the file (a truncated one's does not)."""
+    try:
+        with safetensors.safe_open(str(path), framework="pt"):
+            return True
+    except (safetensors.SafetensorError, OSError):
+        return False
+
+
+def load_traces(out: str | Path, keys: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The index and the named tensors of every complete shard, concatenated (other tensors are not read)."""
+    index = read_index(out)
+    files = complete_shards(index)
+    if not files:
+        raise ValueError(f"{out} has no complete shard; rerun prep traces to finish it")
+    parts = [shard_tensors(out, name, keys) for name in files]
+    return index, {k: torch.cat([p[k] for p in parts]) for k in keys}
+
+
+def require_split(out: str | Path, split: torch.Tensor, name: str) -> torch.Tensor:
+    """The rows [N] (bool) of split `name`; ValueError naming the fix when the traces have none."""
+    rows = split == SPLITS.index(name)
+    if not rows.any():
+        raise ValueError(f"the traces at {out} have no {name} rows; trace more text: rerun prep traces "
+                         "into that folder with a larger --max-tokens")
+    return rows
+
+
+def check_traces_folder(out: str | Path, option: str) -> None:
+    """Refuse, before any work, a traces folder that is a file or a specvocab artifact (traces go in their own folder)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is a file; traces go in a folder: choose another {option}")
+    if (path / MANIFEST_FILE).exists():
+        raise ValueError(f"{path} is a specvocab artifact; traces go in a folder of their own: "
+                         f"choose another {option}, such as traces/{path.name}")
+
+
+@contextmanager
+def writing_traces(out: str | Path, option: str = "-o") -> Iterator[Path]:
+    """Check, make and lock a traces folder for the block; remove the folders it made if no shard got written."""
+    path = Path(out)
+    check_traces_folder(path, option)
+
+    def busy(pid: int) -> ValueError:
+        return ValueError(f"{path} is being written by another prep run (pid {pid}); wait for it to finish, "
+                          f"or choose another {option}")
+
+    with locked_folder(path, option, busy):
+        yield path
+
+
+def remove_unlisted_shards(out: Path, index: dict) -> None:
+    """Delete the shard files the index does not list (a rebuild's leftovers of the traces it replaced)."""
+    listed = {e["file"] for e in index["shards"]}
+    for path in out.iterdir():
+        if SHARD_NAME.fullmatch(path.name) and path.name not in listed:
+            path.unlink()

@@ -1,0 +1,239 @@
+"""Bad inputs of the training-data commands (prep traces, train-router, gp-basis, bake-onedecode, all --with-router):
+damaged traces, bad trainer flags and option values, reruns that would lose traces, Ctrl-C, and quiet output."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from click.testing import CliRunner
+
+from bad_helpers import prep_fails
+from prep.cli import main as prep_main
+from prep.trace_files import INDEX_FILE, SHARD_NAME
+
+TRACES = ["--shard-tokens", 400, "--max-tokens", 2500]
+ROUTER = ["--clusters", 8, "--max-steps", 3, "--width", 16, "--batch-size", 64, "--accelerator", "cpu"]
+
+
+def prep_ok(args: list) -> str:
+    result = CliRunner().invoke(prep_main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """80 texts of 8 to 40 words of the tiny tokenizer: five 400-token shards, every split."""
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.json"
+    path.write_text(json.dumps([{"text": " ".join(f"w{rng.randrange(4, 256)}" for _ in range(rng.randrange(8, 40)))}
+                                for _ in range(80)]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def built_traces(tiny_model: Path, corpus: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("traces") / "tr"
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES])
+    return out
+
+
+@pytest.fixture
+def tr(built_traces: Path, tmp_path: Path) -> Path:
+    """A private copy of the built traces, to damage."""
+    return Path(shutil.copytree(built_traces, tmp_path / "tr"))
+
+
+def shard_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if SHARD_NAME.fullmatch(p.name))
+
+
+# 1. Damaged traces: one line naming the file and the fix, from every reader.
+
+def test_a_truncated_shard_is_named_and_a_rerun_redoes_it(tr: Path, art: Path, tiny_model: Path, corpus: Path):
+    shard = tr / "shard-00001.safetensors"
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:1000])
+    prep_fails(["bake-onedecode", art, "--traces", tr], f"{shard} is damaged", "rerun the prep traces command",
+               unchanged=(art,))
+    prep_fails(["gp-basis", art, "--traces", tr], f"{shard} is damaged", unchanged=(art,))
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES])
+    assert shard.read_bytes() == whole
+
+
+@pytest.mark.parametrize("index, says", [
+    ("[1, 2]", "is not a traces index (a JSON list, not an object)"),
+    ('{"shards": "x"}', "is not a traces index (format None"),
+    ('{"format": 1, "model": "tiny", "vocab_size": 256, "shards": "x"}', 'is not a traces index (its "shards" are not a list'),
+    ('{"format": 1, "model": "tiny", "vocab_size": 256, "shards": [{"file": "../../x"}]}', 'is not a traces index (its "shards" are not a list'),
+    ('{"format": 1, "shards": [', "is damaged (Expecting"),
+], ids=["list", "no-format", "shards-not-a-list", "shard-outside", "not-json"])
+def test_a_damaged_index_is_named_with_the_rebuild(tr: Path, art: Path, tiny_model: Path, corpus: Path, index: str,
+                                                   says: str):
+    (tr / INDEX_FILE).write_text(index)
+    fix = f"`prep traces MODEL -o {tr} --force`"
+    for args in (["bake-onedecode", art, "--traces", tr], ["gp-basis", art, "--traces", tr],
+                 ["train-router", art, "--traces", tr, *ROUTER],
+                 ["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES]):
+        prep_fails(args, f"{tr / INDEX_FILE} {says}", fix, unchanged=(art, tr))
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES, "--force"])
+    assert json.loads((tr / INDEX_FILE).read_text())["format"] == 1
+
+
+def test_a_missing_shard_is_named(tr: Path, art: Path):
+    (tr / "shard-00002.safetensors").unlink()
+    prep_fails(["bake-onedecode", art, "--traces", tr], "shard-00002.safetensors is missing", unchanged=(art, tr))
+
+
+# 4. Bad corpora: refused before the model loads, leaving no folder behind.
+
+@pytest.mark.parametrize("content, says", [
+    (None, "unknown corpus"),
+    ("[]", "holds no text"),
+    ("[{", "cannot read prompts"),
+    ('[{"text": "w5"}]', "holds no text of 2 tokens or more"),
+], ids=["missing", "empty", "not-json", "one-token"])
+def test_a_bad_corpus_leaves_no_folder(tmp_path: Path, tiny_model: Path, content: str | None, says: str):
+    corpus = tmp_path / "corpus.json"
+    if content is not None:
+        corpus.write_text(content)
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", tmp_path / "x" / "a" / "b"], says)
+    assert not (tmp_path / "x").exists()
+
+
+# 5. A rerun that would remove or shorten traces needs --force, which leaves no orphan shard.
+
+def test_a_smaller_budget_needs_force_and_leaves_no_orphan(tr: Path, tiny_model: Path, corpus: Path):
+    smaller = ["traces", tiny_model, "--corpus", corpus, "-o", tr, "--shard-tokens", 400, "--max-tokens", 1000]
+    prep_fails(smaller, "would remove or shorten", "pass --force", unchanged=(tr,))
+    prep_ok([*smaller, "--force"])
+    index = json.loads((tr / INDEX_FILE).read_text())
+    assert shard_files(tr) == [e["file"] for e in index["shards"]] and index["max_tokens"] == 1000
+
+
+def test_a_larger_budget_adds_traces_and_keeps_the_others(tiny_model: Path, corpus: Path, tmp_path: Path):
+    out = tmp_path / "tr"
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, "--shard-tokens", 400, "--max-tokens", 1000])
+    first = (out / "shard-00000.safetensors").read_bytes()
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, "--shard-tokens", 400, "--max-tokens", 1500])
+    assert (out / "shard-00000.safetensors").read_bytes() == first
+    assert sum(e["tokens"] for e in json.loads((out / INDEX_FILE).read_text())["shards"]) == 1500
+
+
+# 6. A traces folder of its own, written by one run at a time.
+
+def test_traces_into_an_artifact_are_refused(art: Path, tiny_model: Path, corpus: Path):
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", art], "is a specvocab artifact",
+               "traces go in a folder of their own", unchanged=(art,))
+
+
+def test_traces_into_a_file_are_refused(tmp_path: Path, tiny_model: Path, corpus: Path):
+    (tmp_path / "file").write_text("x")
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", tmp_path / "file"], "is a file", "choose another -o",
+               unchanged=(tmp_path,))
+
+
+def test_a_traces_folder_another_run_writes_is_refused(tr: Path, tiny_model: Path, corpus: Path):
+    (tr / ".lock").write_text(f"{os.getppid()}\n")  # a live process
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES, "--force"],
+               f"being written by another prep run (pid {os.getppid()})", unchanged=(tr,))
+
+
+# 7. Degenerate stages are refused before anything is written.
+
+def test_traces_without_a_train_split_bake_no_table(tr: Path, art: Path):
+    prep_ok(["bake-onedecode", art, "--traces", tr])  # a good table, which --force must not replace by an empty one
+    for name in shard_files(tr):
+        tensors = safetensors.torch.load_file(str(tr / name))
+        tensors["split"] = torch.full_like(tensors["split"], 2)  # all held out
+        safetensors.torch.save_file(tensors, str(tr / name))
+    prep_fails(["bake-onedecode", art, "--traces", tr, "--force"], "have no train rows", "larger --max-tokens",
+               unchanged=(art,))
+
+
+def test_gp_basis_rank_above_the_hidden_size(art: Path):
+    prep_fails(["gp-basis", art, "--rank", 65], "--rank must be between 1 and the hidden size 64, got 65",
+               unchanged=(art,))
+
+
+# 8. Messages that name the right option and fix.
+
+def test_gp_basis_max_tokens_zero(art: Path, built_traces: Path):
+    prep_fails(["gp-basis", art, "--traces", built_traces, "--max-tokens", 0], "Invalid value for '--max-tokens'",
+               code=2, unchanged=(art,))
+
+
+def test_traces_shard_tokens_zero(tmp_path: Path, tiny_model: Path, corpus: Path):
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", tmp_path / "t", "--shard-tokens", 0],
+               "Invalid value for '--shard-tokens'", code=2)
+    assert not (tmp_path / "t").exists()
+
+
+def test_another_models_traces_name_the_command_that_makes_the_right_ones(art: Path, tmp_path: Path, other_model: Path,
+                                                                          corpus: Path):
+    other = tmp_path / "other-tr"
+    prep_ok(["traces", other_model, "--corpus", corpus, "-o", other, "--max-tokens", 300])
+    for args in (["train-router", art, "--traces", other, *ROUTER], ["gp-basis", art, "--traces", other],
+                 ["bake-onedecode", art, "--traces", other]):
+        prep_fails(args, "holds traces of other (vocabulary 256), not of tiny", "prep traces tiny -o NEW_DIR",
+                   "--traces NEW_DIR", unchanged=(art,))
+
+
+def test_prep_all_names_its_traces_option(art: Path, tr: Path, tiny_model: Path, corpus: Path, monkeypatch):
+    from prep import recipes
+
+    monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(
+        cluster=recipes.ClusterRecipe(clusters=8, iterations=2), screen4=recipes.Screen4Recipe(in_all=False),
+        router=recipes.RouterRecipe(corpus=str(corpus))))
+    prep_fails(["all", tiny_model, "-o", art, "--with-router", "--traces", tr],
+               "holds traces made with other settings (shard_tokens)", "or choose another --traces",
+               unchanged=(art, tr))
+    prep_fails(["all", tiny_model, "-o", art, "--with-router", "--traces", art], "choose another --traces",
+               unchanged=(art,))
+
+
+# 9. Ctrl-C: a line that is true for each command.
+
+def test_ctrl_c_in_traces_keeps_complete_shards(tmp_path: Path, tiny_model: Path, corpus: Path, monkeypatch):
+    from prep import traces
+
+    real, calls = traces.run_shard, []
+
+    def second_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    out = tmp_path / "tr"
+    monkeypatch.setattr(traces, "run_shard", second_interrupted)
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES],
+               "interrupted; complete shards are kept: rerun the same command to resume", code=130)
+    first = (out / "shard-00000.safetensors").read_bytes()
+    monkeypatch.setattr(traces, "run_shard", real)
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES])
+    assert (out / "shard-00000.safetensors").read_bytes() == first and len(shard_files(out)) == 5
+
+
+def test_ctrl_c_in_import(tiny_model: Path, monkeypatch):
+    from prep.cli import head_stages
+
+    def interrupted(model):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(head_stages, "resolve_model", interrupted)
+    prep_fails(["import", tiny_model], "interrupted; nothing half-converted is kept in the model cache", code=130)
+
+
+# 10. Output: complete.
+
+
+def test_gp_basis_reports_the_energy_of_a_small_rank(art: Path):
+    assert "mean retained energy: weights qkv k=16: " in prep_ok(["gp-basis", art, "--rank", 16])
