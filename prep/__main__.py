@@ -1,3 +1,4 @@
 from prep.cli import main
 
-main()
+if __name__ == "__main__":  # a process that spawn starts (train-router --strategy ddp_spawn) imports this module too
+    main()

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from artifacts import StageExists
@@ -26,6 +24,7 @@ from artifacts.format import Stage
 from prep.cluster import _compact, spherical_kmeans
 from prep.recipes import RouterRecipe
 from prep.router_loss import positive_clusters, router_loss
+from prep.router_trainer import fit_and_validate, lightning_flags
 from prep.trace_files import load_traces, require_split, traces_of
 from prep.traces import SPLITS, build_traces, parse_layers
 from runtime.router import ONNX_FILE, Router, export_onnx
@@ -61,6 +60,8 @@ class RouterModule(L.LightningModule):
         self.register_buffer("embedding", embedding, persistent=False)  # [V, d_e], frozen
         self.register_buffer("cluster_sizes", cluster_sizes.float(), persistent=False)  # [M]
         self.always, self.vocab_size = always, embedding.shape[0]
+        # Counted in the module's state, which Lightning carries back from spawned processes (ddp_spawn).
+        self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))
 
     def scores(self, ids: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         return self.router(self.embedding[ids.long()].float(), previous.float())  # [B, M]
@@ -71,11 +72,14 @@ class RouterModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.steps_taken += 1
+
     def validation_step(self, batch, batch_idx):
         ids, previous, positives = batch
         scores = self.scores(ids, previous)
         label, n = positives[:, 0], len(positives)
-        self.log("val/loss", router_loss(self.loss, scores, positives), batch_size=n, prog_bar=True)
+        self.log("val/loss", router_loss(self.loss, scores, positives), batch_size=n, prog_bar=True, sync_dist=True)
         ranked = scores.topk(min(max(RECALL_KS), scores.shape[1]), dim=1).indices  # [B, K]
         for k in RECALL_KS:
             if k > scores.shape[1]:
@@ -83,8 +87,8 @@ class RouterModule(L.LightningModule):
             top = ranked[:, :k]
             hit = (top == label[:, None]).any(dim=1).float().mean()
             size = (self.cluster_sizes[top].sum(dim=1) + self.always).mean() / self.vocab_size
-            self.log(f"val/recall@{k}", hit, batch_size=n)
-            self.log(f"val/shortlist@{k}", size, batch_size=n)
+            self.log(f"val/recall@{k}", hit, batch_size=n, sync_dist=True)
+            self.log(f"val/shortlist@{k}", size, batch_size=n, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.router.parameters(), lr=self.lr, weight_decay=0.01)
@@ -147,7 +151,7 @@ class RouterConfig:
     seed: int = 0
     kmeans_iterations: int = 10
     loss: str = "ce"  # ce or multilabel (prep.router_loss)
-    trainer_flags: dict = field(default_factory=dict)  # Lightning Trainer flags: devices, accelerator, ...
+    trainer_flags: dict = field(default_factory=lightning_flags)  # Lightning Trainer flags, checked (prep.router_trainer)
     progress: bool = True
 
     @classmethod
@@ -157,14 +161,14 @@ class RouterConfig:
                    batch_size=recipe.batch_size, loss=recipe.loss, **options)
 
 
-def train_router(session, traces: str | Path, work_dir: str | Path, config: RouterConfig = RouterConfig(),
+def train_router(session, traces: str | Path, work_dir: str | Path, config: RouterConfig | None = None,
                  force: bool = False) -> dict:
     """Train, validate and export stage `router` into the session's artifact; returns its params."""
     if session.artifact.has_stage(Stage.ROUTER) and not force:
         raise StageExists(session.artifact.path, Stage.ROUTER)
     started = time.perf_counter()
-    c = config
-    L.seed_everything(c.seed, workers=True)
+    c = config or RouterConfig()
+    L.seed_everything(c.seed, workers=True, verbose=False)
     index = traces_of(traces, session.model.info.name, session.target.vocab_size)
     hidden = c.hidden or default_hidden(index)
     key = hidden_key(hidden)
@@ -181,15 +185,7 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
     d_h = data.splits["train"].tensors[1].shape[1]
     module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), c.width), embedding, in_clusters, len(always), c.lr,
                           c.loss)
-    work_dir = Path(work_dir)
-    logger = CSVLogger(str(work_dir), name="logs")
-    checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
-    trainer = L.Trainer(
-        max_steps=c.max_steps, logger=logger, callbacks=[checkpoints], enable_progress_bar=c.progress,
-        enable_model_summary=False, log_every_n_steps=10, **c.trainer_flags,
-    )
-    trainer.fit(module, datamodule=data)
-    metrics = {k: float(v) for k, v in trainer.validate(module, datamodule=data, verbose=False)[0].items()}
+    metrics = fit_and_validate(module, data, c.trainer_flags, c.max_steps, Path(work_dir), c.progress)
     router = module.router.cpu().eval()
     with tempfile.TemporaryDirectory() as tmp:
         export_onnx(router, str(Path(tmp) / ONNX_FILE))
@@ -210,7 +206,7 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
         "train_positions": len(data.splits["train"]),
         "validation_positions": len(data.splits["validation"]),
         "max_steps": c.max_steps,
-        "steps": int(trainer.global_step),
+        "steps": int(module.steps_taken),
         "batch_size": c.batch_size,
         "lr": c.lr,
         "seed": c.seed,

@@ -11,7 +11,7 @@ from prep import stages
 from prep.cli import clean_errors, main
 from prep.recipes import load_recipe, overridden
 from prep.router_loss import LOSSES
-from runtime.cli.values import COUNT, Integer
+from runtime.cli.values import COUNT, Integer, Number
 from runtime.models import DEFAULT_MODEL
 
 
@@ -56,42 +56,44 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
 @main.command("train-router")
 @click.argument("artifact")
 @click.option("--traces", "traces_dir", required=True, help="Traces directory written by prep traces.")
-@click.option("--clusters", type=int, default=None, help="Token clusters M, spherical k-means of the head rows (default: the recipe's).")
+@click.option("--clusters", type=COUNT, default=None, help="Token clusters M, spherical k-means of the head rows (default: the recipe's).")
 @click.option("--hidden", default=None, help="Router hidden input: final (dynaspec:int8) or layers:N (dynaspec:layers:N) (default: the recipe's; auto: the traces' only drafter depth, else final).")
 @click.option("--loss", type=click.Choice(LOSSES), default=None,
               help="ce: the cluster of the target's top-1; multilabel: the clusters of its top tokens (default: the recipe's).")
-@click.option("--width", type=int, default=None, help="Router MLP width (default: the recipe's).")
-@click.option("--max-steps", type=int, default=None, help="Default: the recipe's.")
-@click.option("--batch-size", type=int, default=None, help="Default: the recipe's.")
-@click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option("--devices", default="auto", show_default=True, help="Lightning devices (e.g. 1, 4, auto).")
-@click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator (cpu, gpu, auto).")
+@click.option("--width", type=COUNT, default=None, help="Router MLP width (default: the recipe's).")
+@click.option("--max-steps", type=COUNT, default=None, help="Default: the recipe's.")
+@click.option("--batch-size", type=COUNT, default=None, help="Default: the recipe's.")
+@click.option("--lr", type=Number(0, low_open=True), default=1e-3, show_default=True)
+@click.option("--devices", default="auto", show_default=True, help="Lightning devices: a number (1, 2) or auto.")
+@click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator: cpu, gpu or auto.")
 @click.option("--precision", default="32-true", show_default=True, help="Lightning precision (32-true, bf16-mixed, ...).")
-@click.option("--strategy", default="auto", show_default=True, help="Lightning strategy (auto, ddp, ...).")
-@click.option("--num-nodes", type=int, default=1, show_default=True)
+@click.option("--strategy", default="auto", show_default=True,
+              help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the command, refused.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: TRACES/router-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing router stage.")
 @clean_errors
 def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss, width, max_steps, batch_size,
-                         lr: float, devices: str, accelerator: str, precision: str, strategy: str, num_nodes: int,
-                         seed: int, work_dir, force: bool) -> None:
+                         lr: float, devices: str, accelerator: str, precision: str, strategy: str, seed: int, work_dir,
+                         force: bool) -> None:
     """Train the DynaSpec router on traces (Lightning) and export stage `router` (safetensors + ONNX).
 
     \b
     prep train-router art/g270 --traces traces/g270
     prep train-router art/g270 --traces traces/g270 --loss multilabel --work-dir runs/ml --force
-    prep train-router art/g270 --traces traces/g270 --devices 4 --strategy ddp --precision bf16-mixed
+    prep train-router art/g270 --traces traces/g270 --devices 2 --precision bf16-mixed
     """
     from prep.router_train import RouterConfig, train_router
+    from prep.router_trainer import lightning_flags
+    from prep.trace_files import traces_of
     from runtime.session import open_session
 
-    with stages.adding_stage(artifact, Stage.ROUTER, force):
+    flags = lightning_flags(devices, accelerator, precision, strategy)
+    with stages.adding_stage(artifact, Stage.ROUTER, force) as art:
+        traces_of(traces_dir, art.model.name, art.model.vocab_size)
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
         cfg = overridden(load_recipe(session.model.info.name).router, clusters=clusters, hidden=hidden, loss=loss,
                          width=width, max_steps=max_steps, batch_size=batch_size)
-        flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
-                 "precision": precision, "strategy": strategy, "num_nodes": num_nodes}
         config = RouterConfig.from_recipe(cfg, lr=lr, seed=seed, trainer_flags=flags)
         params = train_router(session, traces_dir, work_dir or Path(traces_dir) / "router-train", config, force=force)
     recall = {k.split("@")[1]: v for k, v in params["validation"].items() if k.startswith("val/recall@")}

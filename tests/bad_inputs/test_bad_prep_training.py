@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 from click.testing import CliRunner
 
+from artifacts import Artifact
 from bad_helpers import prep_fails
 from prep.cli import main as prep_main
 from prep.trace_files import INDEX_FILE, SHARD_NAME
@@ -92,6 +93,39 @@ def test_a_missing_shard_is_named(tr: Path, art: Path):
     prep_fails(["bake-onedecode", art, "--traces", tr], "shard-00002.safetensors is missing", unchanged=(art, tr))
 
 
+# 2, 3. Trainer flags: checked before any work; strategies that re-run the command are refused.
+
+@pytest.mark.parametrize("flags, says", [
+    (["--devices", "abc"], "--devices takes a number of devices such as 1 or 2, or auto; got 'abc'"),
+    (["--devices", "0"], "--devices takes a number"),
+    (["--strategy", "ddp", "--devices", "2"], "--strategy ddp is not supported: use auto or ddp_spawn"),
+    (["--strategy", "fsdp"], "use auto or ddp_spawn"),
+    (["--accelerator", "tpu"], "--accelerator takes auto, cpu, gpu"),
+    (["--precision", "abc"], "Lightning refuses --precision abc"),
+], ids=["devices-text", "devices-0", "ddp", "fsdp", "accelerator", "precision"])
+def test_bad_trainer_flags(art: Path, built_traces: Path, flags: list, says: str):
+    prep_fails(["train-router", art, "--traces", built_traces, *flags], says, unchanged=(art, built_traces))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_accelerator_without_a_gpu(art: Path, built_traces: Path):
+    prep_fails(["train-router", art, "--traces", built_traces, "--accelerator", "gpu"],
+               "--accelerator gpu: no GPU is visible here; use --accelerator cpu", unchanged=(art, built_traces))
+
+
+def test_several_devices_train_in_spawned_processes():
+    from prep.router_trainer import lightning_flags
+
+    assert lightning_flags("2", "cpu")["strategy"] == "ddp_spawn"  # Lightning alone would pick ddp, which re-runs
+    assert lightning_flags("1", "cpu")["strategy"] == "auto"
+    assert lightning_flags("2", "cpu", strategy="ddp_spawn")["devices"] == 2
+
+
+def test_the_help_shows_only_strategies_that_work():
+    text = CliRunner().invoke(prep_main, ["train-router", "--help"]).output
+    assert "--strategy ddp " not in text and "--num-nodes" not in text and "ddp_spawn" in text
+
+
 # 4. Bad corpora: refused before the model loads, leaving no folder behind.
 
 @pytest.mark.parametrize("content, says", [
@@ -155,6 +189,13 @@ def test_traces_without_a_train_split_bake_no_table(tr: Path, art: Path):
         tensors["split"] = torch.full_like(tensors["split"], 2)  # all held out
         safetensors.torch.save_file(tensors, str(tr / name))
     prep_fails(["bake-onedecode", art, "--traces", tr, "--force"], "have no train rows", "larger --max-tokens",
+               unchanged=(art,))
+
+
+@pytest.mark.parametrize("flag, value", [("--width", 0), ("--max-steps", 0), ("--batch-size", 0), ("--clusters", 0),
+                                         ("--lr", 0), ("--lr", -1), ("--lr", "nan")])
+def test_train_router_option_ranges(art: Path, built_traces: Path, flag: str, value):
+    prep_fails(["train-router", art, "--traces", built_traces, flag, value], f"Invalid value for '{flag}'", code=2,
                unchanged=(art,))
 
 
@@ -232,8 +273,37 @@ def test_ctrl_c_in_import(tiny_model: Path, monkeypatch):
     prep_fails(["import", tiny_model], "interrupted; nothing half-converted is kept in the model cache", code=130)
 
 
-# 10. Output: complete.
+def test_ctrl_c_in_train_router(art: Path, built_traces: Path, tmp_path: Path, monkeypatch):
+    import signal
+
+    from prep.router_train import RouterModule
+
+    def interrupted(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    handler = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(RouterModule, "training_step", interrupted)
+    prep_fails(["train-router", art, "--traces", built_traces, *ROUTER, "--work-dir", tmp_path / "work"],
+               "interrupted; stages already written are kept", code=130, unchanged=(art,))
+    assert signal.getsignal(signal.SIGINT) == handler  # Lightning had left it ignored
+    assert Artifact.open(art).stages == ["clusters", "screen"]
+
+
+# 10. Output: what the project controls is quiet and complete.
+
+def test_train_router_output_is_quiet(art: Path, built_traces: Path, tmp_path: Path, capfd):
+    out = prep_ok(["train-router", art, "--traces", built_traces, *ROUTER, "--work-dir", tmp_path / "work"])
+    out += "".join(capfd.readouterr())  # Lightning logs to the stream it found at import, not click's
+    for noise in ("Seed set", "Tip:", "GPU available", "/-2", "v_num"):
+        assert noise not in out
+    assert "router:" in out and "wrote stage router" in out and "(3 steps," in out
 
 
 def test_gp_basis_reports_the_energy_of_a_small_rank(art: Path):
     assert "mean retained energy: weights qkv k=16: " in prep_ok(["gp-basis", art, "--rank", 16])
+
+
+def test_two_devices_train_in_spawned_processes(art: Path, built_traces: Path, tmp_path: Path):
+    out = prep_ok(["train-router", art, "--traces", built_traces, *ROUTER, "--devices", 2, "--work-dir", tmp_path / "w"])
+    assert "(3 steps," in out and Artifact.open(art).stages == ["clusters", "router", "screen"]
+    assert not (art / ".lock").exists()
