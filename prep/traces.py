@@ -13,7 +13,8 @@ runs. A packaged corpus's text is split by a hash of the corpus and its index
 a hash of its content (`split_of_text`), so moving or reordering the file keeps every split. A
 rerun therefore finds the same shards: a shard whose file is intact and whose index entry is
 unchanged is skipped. A rerun may add traces (a larger budget) but, without --force, neither
-change their settings nor remove or shorten them; --force rebuilds the folder. Shards and the
+change their settings nor remove or shorten them; --force allows that, rebuilding every shard
+whose entry changed (intact shards of the same settings are kept). Shards and the
 index are written atomically (temporary sibling, fsync, rename); prep/trace_files.py reads them.
 """
 
@@ -179,6 +180,18 @@ def run_shard(target: TransformersTarget, plan: ShardPlan, drafter_layers: list[
     return tensors
 
 
+def _previous_index(out: Path, force: bool) -> dict | None:
+    """The folder's traces index, or None where there is none (or, with `force`, where it is damaged)."""
+    if not (out / INDEX_FILE).is_file():
+        return None
+    try:
+        return read_index(out)
+    except ValueError:
+        if force:
+            return None  # --force rebuilds a damaged folder
+        raise
+
+
 def build_traces(
     target: TransformersTarget,
     tokenizer,
@@ -195,8 +208,9 @@ def build_traces(
 ) -> dict:
     """Write (or complete) a traces folder; returns its index.
 
-    `force` rebuilds every shard whatever the folder held, and deletes the shard files the new index
-    does not list. `option` is the flag that named the folder, for error lines.
+    `force` allows a rerun that changes settings or removes or shortens traces: every shard whose
+    entry changed is rebuilt, intact ones of the same settings are kept, and the shard files the new
+    index does not list are deleted. `option` is the flag that named the folder, for error lines.
     """
     layers = getattr(target.body.config, "num_hidden_layers", 0)
     for n in drafter_layers:
@@ -215,13 +229,15 @@ def build_traces(
         "split_percent": dict(zip(SPLITS, SPLIT_PERCENT)),
     }
     with writing_traces(out, option) as out:
-        previous = None if force or not (out / INDEX_FILE).is_file() else read_index(out)
+        previous = _previous_index(out, force)
         plans = plan_shards(corpus_texts(corpus, tokenizer), tokenizer, corpus, max_tokens, shard_tokens, max_tokens_per_text)
         if not plans:
             raise ValueError(f"the corpus {corpus} holds no text of 2 tokens or more; give one that does")
-        if previous is not None:
+        if previous is not None and not force:
             check_rerun(previous, settings, plans, out, option)
-        done = {e["file"]: e for e in (previous or {}).get("shards", []) if e.get("complete")}
+        # Intact shards of the same settings are kept, with --force too (it may only remove or rebuild the rest).
+        same = previous is not None and all(previous.get(key) == value for key, value in settings.items())
+        done = {e["file"]: e for e in previous["shards"] if e.get("complete")} if same else {}
         index = {**settings, "shards": []}
         with tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress,
                   file=sys.stderr) as bar:

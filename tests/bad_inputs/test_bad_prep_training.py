@@ -152,6 +152,13 @@ def test_a_smaller_budget_needs_force_and_leaves_no_orphan(tr: Path, tiny_model:
     assert shard_files(tr) == [e["file"] for e in index["shards"]] and index["max_tokens"] == 1000
 
 
+def test_force_with_the_same_settings_keeps_the_intact_shards(tr: Path, tiny_model: Path, corpus: Path):
+    """prep all --with-router --force passes --force on: it must not re-trace a corpus that is already done."""
+    written = {path.name: path.stat().st_mtime_ns for path in tr.glob("shard-*.safetensors")}
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES, "--force"])
+    assert {path.name: path.stat().st_mtime_ns for path in tr.glob("shard-*.safetensors")} == written
+
+
 def test_a_larger_budget_adds_traces_and_keeps_the_others(tiny_model: Path, corpus: Path, tmp_path: Path):
     out = tmp_path / "tr"
     prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, "--shard-tokens", 400, "--max-tokens", 1000])
