@@ -62,15 +62,16 @@ def method_spec(method: str | MethodSpec) -> MethodSpec:
 def check_sampling(sampling: SamplingParams, specs: Sequence[MethodSpec]) -> None:
     """Refuse `sampling` unless it is a SamplingParams whose epsilon, if set, one of `specs` uses.
 
-    Only csv's certified head samples within total variation epsilon; every other method would ignore it
-    (the CLI refuses --epsilon without --method csv the same way).
+    Only csv's certified head samples within total variation epsilon; every other method would ignore it.
+    No specs: the default method, which is not csv.
     """
     if not isinstance(sampling, SamplingParams):
         raise TypeError("sampling must be a runtime.sampling.SamplingParams, e.g. SamplingParams(temperature=0.7), "
                         f"got {sampling!r}")
     if sampling.epsilon is not None and not any(spec.name == "csv" for spec in specs):
-        names = ", ".join(spec.text or str(spec) for spec in specs)
-        raise ValueError(f"epsilon applies to method csv only (its certified head), not {names}; drop epsilon or run csv")
+        names = ", ".join(spec.text or str(spec) for spec in specs) or "the default method"
+        raise ValueError(f"epsilon (--epsilon) applies to method csv only (its certified head), not {names}; "
+                         "drop epsilon or run csv")
 
 
 def _listed(value, name: str) -> list:

@@ -51,6 +51,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     # Every cheap check before the model loads (the options' types did the rest).
     values.refuse_replacing(report_paths(json_path), force)
     params = sampling_params(temperature, top_k, top_p, epsilon)
+    api.check_sampling(params, specs)
     texts = load_prompts(prompt_source, num_prompts)
     if len(texts) < num_prompts:
         click.echo(f"note: {prompt_source} holds {len(texts)} prompts, fewer than -n {num_prompts}; running those",

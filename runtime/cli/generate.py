@@ -98,8 +98,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
                              adaptive_budget)
     if spec is not None and METHODS[spec.name].bench_only:
         raise click.UsageError(f"{spec} is a bench-only reference; use it in runtime bench --methods")
-    if epsilon is not None and (spec is None or spec.name != "csv"):
-        raise click.UsageError("--epsilon applies to --method csv only")
+    api.check_sampling(params, [spec] if spec is not None else [])
     engine = api.load(artifact, model, backend=backend)
     spec = spec or engine.default_method()
     run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens, stops, seed)

@@ -95,8 +95,8 @@ def test_epsilon_is_refused_where_no_csv_method_uses_it(engine, method: str):
     eps = SamplingParams(temperature=0.7, epsilon=0.1)
     with pytest.raises(ValueError) as error:
         engine.generate(PROMPT, method, eps)
-    assert f"epsilon applies to method csv only (its certified head), not {method}" in one_line(error)
-    with pytest.raises(ValueError, match="epsilon applies to method csv only"):
+    assert f"epsilon (--epsilon) applies to method csv only (its certified head), not {method}" in one_line(error)
+    with pytest.raises(ValueError, match="applies to method csv only"):
         engine.bench([method], [PROMPT], max_new_tokens=2, sampling=eps)
     assert len(engine.generate(PROMPT, "csv", eps, max_new_tokens=3).wait().tokens) == 3
 

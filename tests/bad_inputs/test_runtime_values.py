@@ -78,6 +78,15 @@ def test_sampling_options_without_a_temperature(art: Path):
                   unchanged=(art,))
 
 
+def test_epsilon_without_a_csv_method_is_refused_before_the_model_loads(art: Path):
+    sampled = ["--temperature", "0.7", "--epsilon", "0.1"]
+    runtime_fails(generate(art, "--method", "spec:ngram+csv", *sampled),
+                  "epsilon (--epsilon) applies to method csv only (its certified head), not spec:ngram+csv", unchanged=(art,))
+    runtime_fails(generate(art, *sampled), "not the default method", unchanged=(art,))
+    runtime_fails(["bench", art, "--methods", "ar,spec:ngram", "--json", art.parent / "b.json", *sampled], "not ar, spec:ngram",
+                  unchanged=(art,))
+
+
 def test_epsilon_with_top_k_or_top_p(art: Path):
     for flag in (["--top-k", "5"], ["--top-p", "0.9"]):
         runtime_fails(generate(art, "--method", "csv", "--temperature", "0.7", "--epsilon", "0.1", *flag),
