@@ -44,14 +44,15 @@ class SamplingParams:
         require(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a finite number in (0, 1] (1 = off)", self.top_p)
         require(self.epsilon is None or (is_number(self.epsilon) and 0 < self.epsilon < 1), "epsilon",
                 "None or a finite number in (0, 1) (the total variation a csv head may allow)", self.epsilon)
-        if self.epsilon is not None and (self.top_k or self.top_p < 1):
-            raise ValueError("epsilon applies to plain temperature sampling: drop top_k and top_p (--top-k, --top-p) "
-                             "or epsilon")
-        unused = [name for name, on in (("top_k", self.top_k), ("top_p", self.top_p < 1), ("epsilon", self.epsilon is not None)) if on]
+        shaping = (("top_k", self.top_k), ("top_p", self.top_p < 1), ("epsilon", self.epsilon is not None))
+        unused = [name for name, on in shaping if on]
         if self.temperature == 0 and unused:  # greedy would silently ignore them
             flags, one = ", ".join(f"--{n.replace('_', '-')}" for n in unused), len(unused) == 1
             raise ValueError(f"{' and '.join(unused)} ({flags}) appl{'ies' if one else 'y'} to sampling, but temperature 0 "
                              f"is greedy: give a temperature above 0 (--temperature) or drop {'it' if one else 'them'}")
+        if self.epsilon is not None and (self.top_k or self.top_p < 1):
+            raise ValueError("epsilon applies to plain temperature sampling: drop top_k and top_p (--top-k, --top-p) "
+                             "or epsilon")
 
     def for_vocab(self, vocab_size: int) -> "SamplingParams":
         """These parameters over a vocabulary of `vocab_size` tokens: a top_k of at least it cuts nothing (0)."""

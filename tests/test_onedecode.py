@@ -221,7 +221,7 @@ def test_prep_bake_onedecode(tmp_path):
     wrong = runner.invoke(prep_main, ["bake-onedecode", str(art.path), "--traces", str(tmp_path / "other"), "--force"])
     assert wrong.exit_code == 1 and "prep traces tiny" in wrong.output
     bad = runner.invoke(prep_main, args[:4] + ["--top-k", "9", "--force"])
-    assert bad.exit_code == 1 and "--top-k" in bad.output
+    assert bad.exit_code == 2 and "--top-k" in bad.output
 
 
 def test_parse_and_build_by_name(tmp_path):

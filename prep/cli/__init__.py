@@ -8,6 +8,9 @@ import click
 
 from runtime.cli import OneLineGroup
 from runtime.cli import clean_errors as runtime_clean_errors
+from runtime.cli.values import Integer
+
+SEED = Integer(0, 2**32 - 1)  # the seeds numpy, faiss and Lightning take
 
 
 STAGES_KEPT = "stages already written are kept: rerun the same command to finish"

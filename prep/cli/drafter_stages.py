@@ -8,9 +8,10 @@ import click
 
 from artifacts.format import Stage
 from prep import stages
-from prep.cli import clean_errors, main
+from prep.cli import SEED, clean_errors, main
 from prep.recipes import load_recipe, overridden
 from prep.router_loss import LOSSES
+from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
 from runtime.models import DEFAULT_MODEL
 
@@ -69,7 +70,7 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
 @click.option("--precision", default="32-true", show_default=True, help="Lightning precision (32-true, bf16-mixed, ...).")
 @click.option("--strategy", default="auto", show_default=True,
               help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the command, refused.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: TRACES/router-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing router stage.")
 @clean_errors
@@ -142,9 +143,9 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
 @main.command("bake-onedecode")
 @click.argument("artifact")
 @click.option("--traces", "traces_dir", required=True, help="Traces directory written by prep traces (the target's own top-8).")
-@click.option("--v-bake", type=int, default=2048, show_default=True, help="Most frequent single-token keys baked.")
-@click.option("--top-k", type=int, default=8, show_default=True, help="Candidates kept per key.")
-@click.option("--min-pair-count", type=int, default=8, show_default=True, help="Two-token keys need this many occurrences.")
+@click.option("--v-bake", type=COUNT, default=2048, show_default=True, help="Most frequent single-token keys baked.")
+@click.option("--top-k", type=Integer(1, TOP_TOKENS), default=TOP_TOKENS, show_default=True, help="Candidates kept per key.")
+@click.option("--min-pair-count", type=COUNT, default=8, show_default=True, help="Two-token keys need this many occurrences.")
 @click.option("--force", is_flag=True, help="Overwrite an existing onedecode stage.")
 @clean_errors
 def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_pair_count: int, force: bool) -> None:

@@ -9,7 +9,7 @@ import click
 from artifacts import Artifact
 from artifacts.format import Stage
 from prep import stages
-from prep.cli import clean_errors, main
+from prep.cli import SEED, clean_errors, main
 from prep.recipes import load_recipe, overridden
 from prep.screen import check_group_size
 from prep.screen4 import check_screen4_shape
@@ -36,7 +36,7 @@ def import_model(model: str) -> None:
 @click.option("--clusters", type=int, default=None, help="Number of k-means clusters (default: the recipe's).")
 @click.option("--iterations", type=int, default=None, help="k-means iterations (default: the recipe's).")
 @click.option("--group-size", default=None, help="Screening scale group: 'auto', 'row' or a size such as 32.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite stages that already exist.")
 @clean_errors
 def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, force: bool) -> None:

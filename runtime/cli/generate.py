@@ -28,8 +28,9 @@ def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_ve
         method = "csv"  # --bound alone: the certified head with that bound
     text = (method or "").strip()
     if bound is not None and text != "csv" and target_head != "csv":
+        example = f"csv:{bound}" if text.startswith("csv") else f"{text.partition('+')[0] or 'spec:lookup'}+csv:{bound}"
         raise click.UsageError(f"--bound goes with --method csv or --target-head csv; write the bound in the method "
-                               f"name instead, e.g. spec:lookup+csv:{bound}")
+                               f"name instead, e.g. {example}")
     if text == "spec":
         options = [f"gamma={gamma}"] * (gamma is not None) + ["adaptive"] * adaptive + ["no-verifier"] * no_verifier
         text = ":".join(["spec", drafter or "ngram", *options])

@@ -107,6 +107,13 @@ def test_bad_trainer_flags(art: Path, built_traces: Path, flags: list, says: str
     prep_fails(["train-router", art, "--traces", built_traces, *flags], says, unchanged=(art, built_traces))
 
 
+@pytest.mark.parametrize("command", ["train-router", "cluster"])
+def test_a_seed_out_of_range_is_refused_before_the_model_loads(art: Path, built_traces: Path, tiny_model: Path, command: str):
+    args = ["train-router", art, "--traces", built_traces] if command == "train-router" else ["cluster", tiny_model, "-o", art]
+    prep_fails([*args, "--seed", "-1"], "'--seed': give an integer in [0, 4294967295], not '-1'", code=2,
+               unchanged=(art, built_traces))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_a_gpu_accelerator_without_a_gpu(art: Path, built_traces: Path):
     prep_fails(["train-router", art, "--traces", built_traces, "--accelerator", "gpu"],
