@@ -241,13 +241,14 @@ def build_traces(
         index = {**settings, "shards": []}
         with tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress,
                   file=sys.stderr) as bar:
-            for plan in plans:
+            for position, plan in enumerate(plans):
                 entry = plan.entry()
                 if done.get(plan.name) == entry and shard_intact(out / plan.name):
                     bar.update(plan.tokens)
                 else:
-                    if (out / INDEX_FILE).exists():
-                        write_index(out, index)  # no index may list a shard while it is rewritten
+                    if (out / INDEX_FILE).exists():  # no index may list a shard while it is rewritten; later kept ones stay
+                        later = [done[p.name] for p in plans[position + 1:] if done.get(p.name) == p.entry()]
+                        write_index(out, {**index, "shards": index["shards"] + later})
                     tensors = run_shard(target, plan, settings["drafter_layers"], bar)
                     atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp)))
                 index["shards"].append(entry)

@@ -121,6 +121,9 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
 
         requested[Stage.ROUTER] = {}
         traces_dir = traces_dir or str(Path("traces") / Path(out).name)
+        if Path(traces_dir).resolve() == Path(out).resolve():
+            raise click.UsageError(f"--traces {traces_dir} is the artifact's own folder (-o); traces go in a folder "
+                                   f"of their own, e.g. --traces traces/{Path(out).name}")
         check_traces_folder(traces_dir, "--traces")
         check_corpus(recipe.router.corpus)
     with stages.output_artifact(out, force) as path:

@@ -88,6 +88,22 @@ def test_a_damaged_index_is_named_with_the_rebuild(tr: Path, art: Path, tiny_mod
     assert json.loads((tr / INDEX_FILE).read_text())["format"] == 1
 
 
+def test_an_interrupted_repair_keeps_the_later_shards_listed(tr: Path, tiny_model: Path, corpus: Path, monkeypatch):
+    """While one shard is rewritten the index lists the intact ones after it too, so a rerun after Ctrl-C redoes one."""
+    from prep import traces
+
+    listed = [e["file"] for e in json.loads((tr / INDEX_FILE).read_text())["shards"]]
+    (tr / listed[1]).write_bytes(b"damaged")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(traces, "run_shard", interrupted)
+    result = CliRunner().invoke(prep_main, [str(a) for a in ["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES]])
+    assert result.exit_code == 130, result.output
+    assert [e["file"] for e in json.loads((tr / INDEX_FILE).read_text())["shards"]] == listed[:1] + listed[2:]
+
+
 def test_a_missing_shard_is_named(tr: Path, art: Path):
     (tr / "shard-00002.safetensors").unlink()
     prep_fails(["bake-onedecode", art, "--traces", tr], "shard-00002.safetensors is missing", unchanged=(art, tr))
@@ -250,8 +266,8 @@ def test_prep_all_names_its_traces_option(art: Path, tr: Path, tiny_model: Path,
     prep_fails(["all", tiny_model, "-o", art, "--with-router", "--traces", tr],
                "holds traces made with other settings (shard_tokens)", "or choose another --traces",
                unchanged=(art, tr))
-    prep_fails(["all", tiny_model, "-o", art, "--with-router", "--traces", art], "choose another --traces",
-               unchanged=(art,))
+    prep_fails(["all", tiny_model, "-o", art, "--with-router", "--traces", art], "is the artifact's own folder (-o)",
+               code=2, unchanged=(art,))
 
 
 # 9. Ctrl-C: a line that is true for each command.
@@ -321,3 +337,10 @@ def test_two_devices_train_in_spawned_processes(art: Path, built_traces: Path, t
     out = prep_ok(["train-router", art, "--traces", built_traces, *ROUTER, "--devices", 2, "--work-dir", tmp_path / "w"])
     assert "(3 steps," in out and Artifact.open(art).stages == ["clusters", "router", "screen"]
     assert not (art / ".lock").exists()
+
+
+def test_prep_all_refuses_traces_in_the_artifacts_own_folder(tmp_path: Path, tiny_model: Path):
+    out = tmp_path / "art"
+    prep_fails(["all", tiny_model, "-o", out, "--with-router", "--traces", out], "is the artifact's own folder (-o)",
+               "--traces traces/art", code=2)
+    assert not out.exists()  # refused before any stage was built
