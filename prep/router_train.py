@@ -219,8 +219,10 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
 
 def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, force: bool = False,
                        progress: bool = True) -> dict:
-    """The recipe's `[router]` section end to end: prep traces (resumed if begun, rebuilt with `force`), then
-    prep train-router; `prep all --traces` names the traces folder."""
+    """Run the recipe's `[router]` section end to end: prep traces, then prep train-router.
+
+    The traces are resumed if begun (rebuilt where `force` allows); `prep all --traces` names their folder.
+    """
     from runtime.session import Session
     from runtime.backends.hf import TransformersTarget
     from runtime.backends.lean import model_eos_ids

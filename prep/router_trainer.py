@@ -69,8 +69,10 @@ def quiet_lightning() -> Iterator[None]:
 
 @contextmanager
 def ctrl_c_kept(trainer: L.Trainer) -> Iterator[None]:
-    """Ctrl-C during a Trainer call raised as KeyboardInterrupt, as everywhere else in prep
-    (Lightning turns it into exit status 1 and leaves SIGINT ignored)."""
+    """Raise Ctrl-C during a Trainer call as KeyboardInterrupt, as everywhere else in prep.
+
+    Lightning turns it into exit status 1 and leaves SIGINT ignored.
+    """
     handler = signal.getsignal(signal.SIGINT)
     try:
         yield
@@ -106,8 +108,10 @@ class StepBar(L.Callback):
 
 def fit_and_validate(module: L.LightningModule, data: L.LightningDataModule, flags: dict, max_steps: int,
                      work_dir: Path, progress: bool) -> dict[str, float]:
-    """Train for max_steps with `flags` (CSV logs and checkpoints under work_dir), then validate on one device
-    (its metrics go into the stage's params, not the logs)."""
+    """Train for max_steps with `flags`, then validate on one device; returns the validation metrics.
+
+    CSV logs and checkpoints go under work_dir; the metrics go into the stage's params, not the logs.
+    """
     checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
     with quiet_lightning():
         trainer = L.Trainer(max_steps=max_steps, logger=CSVLogger(str(work_dir), name="logs"),

@@ -41,8 +41,10 @@ MAX_CHARS_PER_TOKEN = 64
 
 
 def set_threads(threads: int | None = None) -> int:
-    """Torch's intra-op threads: `threads` (1 up to the cores this process may run on), or with None every
-    one of those cores. Returns the count."""
+    """Set torch's intra-op threads and return the count.
+
+    `threads`: 1 up to the cores this process may run on; None: every one of those cores.
+    """
     cores = usable_cores()
     count = cores if threads is None else require_count("threads", threads, 1, cores, " (the cores this process may use)")
     torch.set_num_threads(count)

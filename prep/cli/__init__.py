@@ -17,8 +17,11 @@ STAGES_KEPT = "stages already written are kept: rerun the same command to finish
 
 
 def clean_errors(command=None, *, interrupted: str = STAGES_KEPT):
-    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C, whose line says
-    `interrupted`: what the command keeps, and how to go on (`@clean_errors(interrupted=...)` for another)."""
+    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C.
+
+    Ctrl-C's line says `interrupted`: what the command keeps, and how to go on
+    (`@clean_errors(interrupted=...)` for another).
+    """
     if command is None:
         return functools.partial(clean_errors, interrupted=interrupted)
 

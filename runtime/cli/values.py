@@ -77,8 +77,10 @@ class Integer(click.ParamType):
 
 
 class SamplingValue(click.ParamType):
-    """One field of runtime.sampling.SamplingParams (a number, or an integer), checked by SamplingParams
-    itself: the sampling ranges and their messages are stated there once, for the CLI and the API."""
+    """One field of runtime.sampling.SamplingParams (a number, or an integer), checked by SamplingParams.
+
+    The sampling ranges and their messages are stated there once, for the CLI and the API.
+    """
 
     def __init__(self, field: str, integer: bool = False) -> None:
         self.field, self.integer = field, integer
