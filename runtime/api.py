@@ -51,7 +51,7 @@ def set_threads(threads: int | None = None) -> int:
     return count
 
 
-def method_spec(method: str | MethodSpec) -> MethodSpec:
+def as_method_spec(method: str | MethodSpec) -> MethodSpec:
     """A method name in the grammar of runtime.methods, parsed (a MethodSpec is returned as it is)."""
     if isinstance(method, MethodSpec):
         return method
@@ -109,7 +109,7 @@ class Engine:
 
     def method(self, method: str | MethodSpec) -> Method:
         """The built Method for a name in the grammar of runtime.methods (or a parsed MethodSpec)."""
-        spec = method_spec(method)
+        spec = as_method_spec(method)
         if spec not in self._methods:
             self._methods[spec] = build_method(self.session, spec)
         return self._methods[spec]
@@ -182,7 +182,7 @@ class Engine:
         _check_counts(max_new_tokens, min_response_tokens, seed)
         stops = [] if stop is None else _listed(stop, "stop")
         require(all(isinstance(text, str) for text in stops), "stop", "a string or a list of strings", stop)
-        spec = self.default_method() if method is None else method_spec(method)
+        spec = self.default_method() if method is None else as_method_spec(method)
         check_sampling(sampling, [spec])
         run = self.method(spec)
         ids = self.encode(prompt, chat)
@@ -217,7 +217,7 @@ class Engine:
         from runtime.kernels import kernel_name
 
         _check_counts(max_new_tokens, min_response_tokens, seed)
-        specs = check_distinct([method_spec(m) for m in _listed(methods, "methods")])
+        specs = check_distinct([as_method_spec(m) for m in _listed(methods, "methods")])
         if not any(spec.name == "ar" and spec.backend is None for spec in specs):
             specs.insert(0, parse_method("ar"))  # speedups are always against ar measured in the same run
         check_sampling(sampling, specs)

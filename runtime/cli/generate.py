@@ -9,8 +9,8 @@ import click
 import torch
 
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
-from runtime.method_spec import BOUNDS, NOT_PRESERVING
-from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method, preserves_distribution
+from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
+from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
 from runtime.speculative import MAX_GAMMA
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
@@ -122,7 +122,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
             f"; certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
             f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary")
     count = f"{stats.new_tokens} token{'s' * (stats.new_tokens != 1)}"
-    speed = f"{stats.tokens_per_s:.2f} tok/s decode" if stats.decode_tokens else "no decode step (the prefill gave it)"
+    speed = f"{stats.tokens_per_s:.2f} tok/s decode" if stats.decode_tokens else "no decode step: the prefill gave it"
     click.echo(
         f"[{label}] {count}, {speed} ({ran_on}, "
         f"{torch.get_num_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s{head}",
