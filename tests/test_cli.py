@@ -136,9 +136,10 @@ def test_generate_of_one_token_reports_no_decode_speed(artifact: Path):
 def test_generate_cluster_bound_matches_ar(artifact: Path):
     outputs = [
         invoke(runtime_main, ["generate", artifact, *extra, "--prompt", "hi w5 w9", "--max-new-tokens", 4]).stdout
-        for extra in (["--method", "ar"], ["--method", "csv", "--bound", "cluster"])
+        for extra in (["--method", "ar"], ["--method", "csv", "--bound", "cluster"],
+                      ["--method", "csv:cluster", "--cluster-budget", "0.5", "--adaptive-budget"])
     ]
-    assert outputs[0] == outputs[1] and outputs[0].strip()
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0].strip()
 
 
 def test_prep_screen4_adds_its_stage_and_csv_screen4_prints_what_ar_prints(tiny_model_dir: Path, artifact_copy: Path):

@@ -86,7 +86,10 @@ def test_generate_spec_sampled_runs(artifact: Path):
     (["--drafter", "layers:2"], "layers:N"),  # the tiny model has 2 layers: N must be below that
     (["--gamma", "0"], "gamma"),
     (["--bound", "cluster"], "--bound goes with --method csv or --target-head csv"),  # not silently dropped
-], ids=["unknown", "too-deep", "gamma", "bound-without-certified-head"])
+    (["--cluster-budget", "0.1"], "--cluster-budget and --adaptive-budget go with the cluster bound"),
+    (["--target-head", "csv", "--adaptive-budget"], "go with the cluster bound"),  # +csv:screen has no budget
+], ids=["unknown", "too-deep", "gamma", "bound-without-certified-head", "budget-without-cluster-bound",
+        "adaptive-budget-on-the-screen"])
 def test_generate_spec_bad_options_are_clean_errors(artifact: Path, extra, fragment):
     result = invoke(["generate", artifact, "--method", "spec", *extra, "--prompt", "hi", "--max-new-tokens", 2])
     assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output

@@ -15,16 +15,21 @@ from runtime.speculative import MAX_GAMMA
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
 ALIASES = ("--drafter", "--gamma", "--adaptive", "--no-verifier", "--target-head")
+BUDGET_OPTIONS = ("--cluster-budget and --adaptive-budget go with the cluster bound: --method csv:cluster or a method "
+                  "ending in +csv:cluster")
 
 
 def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_verifier, target_head,
-                      cluster_budget: float, adaptive_budget: bool) -> MethodSpec | None:
+                      cluster_budget: float | None, adaptive_budget: bool) -> MethodSpec | None:
     """The MethodSpec that --method and the alias flags name together (parsed once, by the grammar);
     None when they name none (the engine's default method then runs)."""
     aliased = drafter is not None or gamma is not None or adaptive or no_verifier or target_head is not None
+    budgeted = cluster_budget is not None or adaptive_budget
     if method is None and not aliased:
-        if bound is None:
+        if bound is None and not budgeted:
             return None
+        if bound is None:
+            raise click.UsageError(BUDGET_OPTIONS)
         method = "csv"  # --bound alone: the certified head with that bound
     text = (method or "").strip()
     if bound is not None and text != "csv" and target_head != "csv":
@@ -41,7 +46,13 @@ def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_ve
                                "e.g. --method spec:ngram:gamma=6:adaptive+csv")
     elif text == "csv" and bound is not None:
         text = f"csv:{bound}"
-    return replace(parse_method(text), cluster_budget=cluster_budget, adaptive_budget=adaptive_budget)
+    spec = parse_method(text)
+    if not budgeted:
+        return spec
+    if spec.head != "csv:cluster":  # the options would be dropped without a word
+        raise click.UsageError(BUDGET_OPTIONS)
+    return replace(spec, adaptive_budget=adaptive_budget,
+                   **({} if cluster_budget is None else {"cluster_budget": cluster_budget}))
 
 
 @main.command()
@@ -50,8 +61,8 @@ def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_ve
               help=f"Method name (default: {DEFAULT_METHOD_HELP}). {methods_help()}")
 @click.option("--bound", type=click.Choice(BOUNDS), default=None,
               help="Alias: --bound cluster = csv:cluster; with --target-head csv, its bound (default screen).")
-@click.option("--cluster-budget", type=values.Number(0, 1, low_open=True), default=0.25, show_default=True,
-              help="csv:cluster: largest fraction of the vocabulary to open before falling back.")
+@click.option("--cluster-budget", type=values.Number(0, 1, low_open=True), default=None,
+              help="csv:cluster: largest fraction of the vocabulary to open before falling back (default 0.25).")
 @click.option("--adaptive-budget", is_flag=True, help="csv:cluster: adapt the budget as CSV-Decode does.")
 @click.option("--drafter", default=None, help="Alias, with --method spec: spec:DRAFTER (default ngram).")
 @click.option("--gamma", type=values.Integer(1, MAX_GAMMA), default=None, help="Alias, with --method spec: :gamma=G (tokens drafted per target forward).")
