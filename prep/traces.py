@@ -235,8 +235,9 @@ def build_traces(
             raise ValueError(f"the corpus {corpus} holds no text of 2 tokens or more; give one that does")
         if previous is not None and not force:
             check_rerun(previous, settings, plans, out, option)
-        # Intact shards of the same settings are kept, with --force too (it may only remove or rebuild the rest).
-        same = previous is not None and all(previous.get(key) == value for key, value in settings.items())
+        # Intact shards of the same settings (the budget aside) are kept, with --force too: it only allows removing
+        # or rebuilding the rest; a shard is kept where its planned texts did not change (its index entry).
+        same = previous is not None and not changed_settings(previous, settings)
         done = {e["file"]: e for e in previous["shards"] if e.get("complete")} if same else {}
         index = {**settings, "shards": []}
         with tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress,
@@ -259,7 +260,7 @@ def build_traces(
 
 def check_rerun(previous: dict, settings: dict, plans: list[ShardPlan], out: Path, option: str) -> None:
     """Refuse a rerun (without --force) that would change the traces' settings, or remove or shorten traces."""
-    changed = [k for k, v in settings.items() if k != "max_tokens" and previous.get(k) != v]
+    changed = changed_settings(previous, settings)
     if changed:
         raise ValueError(f"{out} holds traces made with other settings ({', '.join(changed)}); "
                          f"pass --force to replace them, or choose another {option}")
@@ -270,6 +271,11 @@ def check_rerun(previous: dict, settings: dict, plans: list[ShardPlan], out: Pat
         raise ValueError(f"{out} holds {held} tokens of traces and this run (a budget of {settings['max_tokens']} tokens) "
                          f"would remove or shorten {len(lost)} of its {len(previous['shards'])} shards; "
                          f"pass --force to rebuild the folder, or choose another {option}")
+
+
+def changed_settings(previous: dict, settings: dict) -> list[str]:
+    """The settings a rerun changes, the token budget aside (a shard whose texts stay the same is kept under any)."""
+    return [k for k, v in settings.items() if k != "max_tokens" and previous.get(k) != v]
 
 
 def _kept_or_grown(old: dict, new: dict | None) -> bool:

@@ -186,8 +186,10 @@ def test_a_larger_budget_adds_traces_and_keeps_the_others(tiny_model: Path, corp
     out = tmp_path / "tr"
     prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, "--shard-tokens", 400, "--max-tokens", 1000])
     first = (out / "shard-00000.safetensors").read_bytes()
+    written = (out / "shard-00000.safetensors").stat().st_mtime_ns
     prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, "--shard-tokens", 400, "--max-tokens", 1500])
     assert (out / "shard-00000.safetensors").read_bytes() == first
+    assert (out / "shard-00000.safetensors").stat().st_mtime_ns == written  # kept, not traced again
     assert sum(e["tokens"] for e in json.loads((out / INDEX_FILE).read_text())["shards"]) == 1500
 
 
