@@ -121,4 +121,3 @@ def preserves_distribution(spec: "MethodSpec | None", params: SamplingParams) ->
 def marked(name: str, preserving: bool) -> str:
     """A method's name, with [NOT_PRESERVING] after it when it does not preserve the target's distribution."""
     return name if preserving else f"{name} [{NOT_PRESERVING}]"
-

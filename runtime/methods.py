@@ -28,7 +28,8 @@ from dataclasses import replace
 from typing import Callable
 
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
-from runtime.method_spec import HEADS, METHODS, DrafterSpec, MethodEntry, MethodSpec, canonical, marked, preserves_distribution, register_method
+from runtime.method_spec import (HEADS, METHODS, NOT_PRESERVING, DrafterSpec, MethodEntry, MethodSpec, canonical, marked,
+                                  preserves_distribution, register_method)
 from runtime.speculative import MAX_GAMMA
 
 LOOP_OPTIONS = ("gamma", "adaptive", "no-verifier")  # spec options the loop takes (loop_options), each at most once
@@ -274,5 +275,5 @@ register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
                             f"(default {LLAMACPP_LOOKUP_TOKENS}); needs the llamacpp extra)", distribution_preserving=False))
 
 
-__all__ = ["HEADS", "METHODS", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "check_distinct", "loop_options",
+__all__ = ["HEADS", "METHODS", "NOT_PRESERVING", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "check_distinct", "loop_options",
            "marked", "methods_help", "parse_method", "parse_methods", "preserves_distribution", "register_method"]
