@@ -12,7 +12,8 @@ from factories import make_tiny_head
 from head_factories import screen_bound
 from prep.screen4 import build_screen4, check_screen4_shape, hidden_basis, quantize_int4
 from runtime.heads.screen4_bound import MAX_ROWS, Screen4Bound
-from runtime.kernels import _screen4_torch, build, screen4_gemv, unpack_int4
+from runtime.kernels import _screen4_torch, build, pack_screen4, screen4_gemv, unpack_int4
+from runtime.kernels.screen4_panels import PANEL_ROWS
 from test_screen_int16 import adversarial_hidden, reference_split
 
 VOCAB, DIM = 1031, 128  # 1031 rows: not a multiple of the kernel's row blocks
@@ -79,7 +80,7 @@ def avx512_module():
 
 
 @pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("vnni", [False, True], ids=["vpmaddwd", "vpdpwssd"])
+@pytest.mark.parametrize("vnni", [False, True], ids=["vpmaddubsw", "vpdpbusd"])
 def test_kernel_is_the_integer_split_screen(group: int, vnni: bool):
     module = avx512_module()
     if vnni and "avx512_vnni" not in build.cpu_flags():
@@ -87,23 +88,41 @@ def test_kernel_is_the_integer_split_screen(group: int, vnni: bool):
     weight, t = stage(group)
     hidden = torch.cat([calibration(DIM, seed=7)[:5], adversarial_hidden(DIM)[[0, 1, 2, 3]]])  # [9, d]
     coords = hidden @ t["basis"]
-    center, remainder, used = module.screen4_gemv(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"], hidden, coords, vnni)
+    panels = pack_screen4(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"])
+    center, remainder, used = module.screen4_gemv(panels.packed, VOCAB, group, hidden, coords, vnni)
     assert torch.equal(used, coords)  # 2^-e c never underflows here
     quantized = dequantize4(t)
     correction = t["corr"].double() * t["corr_scale"].double()[:, None]  # [V, k]
     for row in range(hidden.shape[0]):
-        a, e = reference_split(hidden[row])
+        a, e = reference_split(hidden[row], limit=32639)  # the byte split a = 256 hi + lo needs |a| <= 32639
         assert float(remainder[row]) >= float((hidden[row].double() - a.double() * 2.0**e).norm())
         expected = quantized @ a.double() * 2.0**e + correction @ coords[row].double()  # [V] float64
         scale = (quantized.abs() @ a.double().abs() * 2.0**e + correction.abs() @ coords[row].double().abs())  # sum of |terms|
         assert bool(((center[row].double() - expected).abs() <= 1e-5 * scale + 1e-30).all()), row
 
 
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("vocab", [VOCAB, 48], ids=["ragged", "whole-panels"])
+def test_panels_hold_the_stage_and_give_back_any_row_range(group: int, vocab: int):
+    t = {name: value[:vocab] if value.shape[0] == VOCAB else value for name, value in stage(group)[1].items()}
+    panels = pack_screen4(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"])
+    assert panels.packed.shape[0] == -(-vocab // PANEL_ROWS) and panels.packed.data_ptr() % 64 == 0
+    q = unpack_int4(t["codes"], group)
+    for start, stop in [(0, vocab), (17, 35), (vocab - 3, vocab)]:
+        rows = panels.rows(start, stop)
+        expected = (q, t["scales"], t["mins"], t["corr"], t["corr_scale"])
+        assert all(torch.equal(got, want[start:stop]) for got, want in zip(rows, expected)), (start, stop)
+    # the kernel's view: byte 4L + m of a group's vector v holds columns 8v + m (low nibble) and 8v + 4 + m (high) of row L
+    row, g, v, m = PANEL_ROWS + 3, panels.groups - 1, 2, 1
+    byte = int(panels.packed[1, g * (8 * group + 64) + 64 * v + 4 * 3 + m])
+    assert byte == int(q[row, g * group + 8 * v + m]) | int(q[row, g * group + 8 * v + 4 + m]) << 4
+
+
 def test_torch_reference_matches_the_float64_definition():
     weight, t = stage(32)
     hidden = calibration(DIM, seed=3)[:3]
     coords = hidden @ t["basis"]
-    got = _screen4_torch(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"], hidden, coords)
+    got = _screen4_torch(pack_screen4(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"]), hidden, coords)
     expected = hidden.double() @ dequantize4(t).T + coords.double() @ (t["corr"].double() * t["corr_scale"].double()[:, None]).T
     assert torch.allclose(got.double(), expected, rtol=1e-6, atol=1e-6)
 

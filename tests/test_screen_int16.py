@@ -39,13 +39,13 @@ def exact_centers(q: dict, hidden: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def reference_split(h: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(a [d] int64, e) with the smallest e such that max |h| 2^-e <= 32767, a = round-half-even(h 2^-e)."""
+def reference_split(h: torch.Tensor, limit: int = 32767) -> tuple[torch.Tensor, int]:
+    """(a [d] int64, e) with the smallest e such that max |h| 2^-e <= limit, a = round-half-even(h 2^-e)."""
     amax = float(h.abs().max())
     if amax == 0:
         return torch.zeros(h.shape, dtype=torch.long), 0
-    e = math.frexp(amax / 32767)[1] + 1
-    while e > -1000 and amax * 2.0 ** -(e - 1) <= 32767:
+    e = math.frexp(amax / limit)[1] + 1
+    while e > -1000 and amax * 2.0 ** -(e - 1) <= limit:
         e -= 1
     return torch.round(h.double() * 2.0**-e).long(), e
 

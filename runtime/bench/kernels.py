@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from runtime.kernels import QuantMatrix, has_screen4_kernel, kernel_name, linear, screen4_gemv, screen_gemv, screen_gemv_int16
+from runtime.kernels import (QuantMatrix, has_screen4_kernel, kernel_name, linear, pack_screen4, screen4_gemv, screen_gemv,
+                             screen_gemv_int16)
 from runtime.kernels.quant import dequantize
 
 
@@ -81,9 +82,8 @@ def _screen4(tensors: dict):
     The call maps h [1, d] to the centre [1, V] as Screen4Bound.prepare computes it (basis coordinates included).
     """
     basis = tensors["basis"].float()  # [d, k]
-    parts = [tensors[name].contiguous() for name in ("codes", "scales", "mins", "corr")]
-    parts.append(tensors["corr_scale"].float().contiguous())
-    return (lambda h: screen4_gemv(*parts, h, h @ basis)[0]), sum(t.nbytes for t in parts)
+    panels = pack_screen4(*(tensors[name] for name in ("codes", "scales", "mins", "corr", "corr_scale")))
+    return (lambda h: screen4_gemv(panels, h, h @ basis)[0]), panels.nbytes
 
 
 def compare_kernels(weight: torch.Tensor | QuantMatrix, screen: dict, hidden: torch.Tensor, repeats: int = 20,

@@ -1,6 +1,6 @@
 """The 4-bit screening bound: a 4-bit copy of the head, a low-rank correction, and a sound radius.
 
-Stage `screen4` (prep.screen4) holds Q_i (4-bit codes, float16 scale and minimum per group of 32), a
+Stage `screen4` (prep.screen4) holds Q_i (4-bit codes, float16 scale and minimum per group of 32 or 64), a
 basis U [d, k] of the hidden states and P^_i ~ U^T (W_i - Q_i) (int8, a float32 scale per row). For
 a hidden row h with coordinates c = fl(U^T h), the kernel (runtime.kernels.screen4_gemv) splits
 h = 2^e a + r_s (a int16) and computes y_i ~ <Q_i, 2^e a> + <P^_i, c_eff>. With r_U = h - U c_eff:
@@ -12,7 +12,8 @@ so, with E_i = W_i - Q_i and the float32 roundings bounded in gamma terms,
     |fl(<W_i, h>) - y_i| <= |E_i| |r_U| + |Q_i| |r_s| + |P_i - P^_i| |c_eff|
                             + gamma_{d+2} |W_i| |h| + gamma_m ((|D_i| + |M_i|)(|h| + |r_s|) + |P^_i| |c_eff|)
 
-(D_i: the scaled codes, M_i: the minimums over all d columns, m = G + k + 16 roundings per lane).
+(D_i: the scaled codes, M_i: the minimums over all d columns; m = 2 d/32 + k + 16 covers the
+kernel's at most 2 d/32 + k + 1 roundings per row).
 U need not be orthonormal for this; a good U only makes |r_U| small (~0.6 |h| at k = 32 on the
 packaged models, while the correction moves the centre by most of <E_i, h>). Two terms reach the
 selection kernel: |c_eff| <= g |h| folds into the |h| term (g = |U|_2 + gamma_d |U|_F), and
@@ -27,13 +28,15 @@ import torch
 from artifacts.schema import SCREEN4_ROW_NORMS
 from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
 from runtime.heads.screen_bound import MAX_OPEN_FRACTION, ScreenBound, ScreenState, open_budget
-from runtime.kernels import kernel_name, screen4_gemv
+from runtime.kernels import kernel_name, pack_screen4, screen4_gemv
 
 KAPPA = 64.0
-# Batches of more hidden rows go to the int8 screen when there is one: both kernels spend the same
-# integer dot products per hidden row, the 4-bit one a float scaling per group more, so the 4-bit
-# screen's saving in bytes pays for one or two rows and not for more (qwen2.5-coder, Xeon without AMX,
-# 1 thread, ms for 1 / 2 / 4 rows: 5.5 / 6.9 / 12.6 against the int8 screen's 9.0 / 9.3 / 10.6).
+# Batches of more hidden rows go to the int8 screen when there is one. Per hidden row both kernels
+# spend one integer dot instruction per 32 weights; the 4-bit one streams ~0.6-0.7 of the bytes but
+# its wider radius leaves far more candidates to recompute exactly (real hidden states, one token:
+# gemma3-270m ~1200 rows against the int8 screen's ~11, qwen2.5-coder ~340 against ~2). Zen 4 EPYC,
+# 1 thread, screening plus recomputing, ms for 1 / 2 / 4 rows: gemma3-270m 7.5 / 9.4 / 11.4 against
+# the int8 screen's 8.2 / 7.9 / 10.1, qwen2.5-coder 3.2 / 4.0 / 8.3 against 5.5 / 4.7 / 7.2.
 MAX_ROWS = 2
 
 
@@ -47,18 +50,15 @@ class Screen4Bound(ScreenBound):
         self.wide = wide  # the int8 screen, for batches of more than MAX_ROWS rows (None: none)
         self.weight = weight  # [V, d] the exact head (float32 or a QuantMatrix)
         self.bias = bias  # [V] or None
-        self.codes = tensors["codes"].contiguous()  # [V, d/2] uint8
-        self.scales = tensors["scales"].contiguous()  # [V, G] float16
-        self.mins = tensors["mins"].contiguous()  # [V, G] float16
-        self.corr = tensors["corr"].contiguous()  # [V, k] int8
-        self.corr_scale = tensors["corr_scale"].float().contiguous()  # [V]
+        # codes [V, d/2] uint8, scales / mins [V, G] float16, corr [V, k] int8, corr_scale [V] in the kernel's panels
+        self.panels = pack_screen4(tensors["codes"], tensors["scales"], tensors["mins"], tensors["corr"], tensors["corr_scale"])
         self.basis = tensors["basis"].float().contiguous()  # [d, k]
         self.basis64 = self.basis.double()
         d, k = self.basis.shape
-        groups = d // 32  # at most: groups of 32 or 64 columns
+        halves = d // 32  # the kernel's roundings per row: <= 2 per 32 columns, k + 1 for the correction
         basis_frobenius = float(self.basis64.norm())
         coord_gain = (float(torch.linalg.matrix_norm(self.basis64, 2)) + dot_rounding_gamma(d) * basis_frobenius) * (1 + 1e-9)
-        gamma_screen = dot_rounding_gamma(groups + k + 14)  # gamma_{G + k + 16}
+        gamma_screen = dot_rounding_gamma(2 * halves + k + 14)  # gamma_{2 d/32 + k + 16}
         norm = {name: tensors[name].double() for name in SCREEN4_ROW_NORMS}
         rho = gamma_screen * (norm["code_norms"] + norm["min_norms"])  # [V]
         hidden_coef = (dot_rounding_gamma(d) * norm["row_norms"] + rho
@@ -68,7 +68,7 @@ class Screen4Bound(ScreenBound):
             torch.maximum(norm["error_norms"], (norm["qrow_norms"] + rho) / KAPPA) * (1 + FLOAT64_SLACK))  # [V]
         self.basis_frobenius = basis_frobenius
         self.row_norms = tensors["row_norms"].float().contiguous()  # [V] |W_i|, rounded up
-        self.max_open_tokens = open_budget(self.codes.shape[0], max_open_fraction)  # candidates recomputed at most
+        self.max_open_tokens = open_budget(self.panels.vocab, max_open_fraction)  # candidates recomputed at most
         kernel_name()  # build / load the kernel now, not inside the first timed decode step
 
     @classmethod
@@ -84,8 +84,7 @@ class Screen4Bound(ScreenBound):
             return self.wide.prepare(hidden)
         hidden = hidden.float()
         coords = hidden @ self.basis  # [B, k]
-        center, split_remainder, coords_used = screen4_gemv(
-            self.codes, self.scales, self.mins, self.corr, self.corr_scale, hidden, coords)  # [B, V], [B], [B, k]
+        center, split_remainder, coords_used = screen4_gemv(self.panels, hidden, coords)  # [B, V], [B], [B, k]
         if self.bias is not None:
             center = center + self.bias
         h64, c64 = hidden.double(), coords_used.double()

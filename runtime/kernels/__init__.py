@@ -12,6 +12,7 @@ import torch
 from runtime.kernels.build import active, cpu_flags
 from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
+from runtime.kernels.screen4_panels import Screen4Panels, pack_screen4, unpack_int4
 
 SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
@@ -113,14 +114,6 @@ def screen_gemv_int16(
     return ext.screen_gemv_int16(qweight, scales, hidden.float(), vnni)
 
 
-def unpack_int4(codes: torch.Tensor, group: int) -> torch.Tensor:
-    """4-bit screen codes [V, d/2] uint8 -> q [V, d] uint8: per group of n columns, byte j holds q[j] (low
-    nibble) and q[j + n/2] (high nibble), ggml's Q4_1 order at n = 32."""
-    V, half = codes.shape
-    pairs = codes.view(V, half * 2 // group, group // 2)  # [V, G, n/2]
-    return torch.cat([pairs & 0x0F, pairs >> 4], dim=2).view(V, half * 2)
-
-
 def has_screen4_kernel() -> bool:
     """Whether the 4-bit screen runs compiled here (the AVX-512 paths); elsewhere screen4_gemv's float64
     torch path dequantizes the whole head on every call (1.6 s per step on qwen2.5-coder)."""
@@ -128,13 +121,9 @@ def has_screen4_kernel() -> bool:
     return ext is not None and hasattr(ext, "screen4_gemv")
 
 
-def screen4_gemv(
-    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, corr: torch.Tensor, corr_scale: torch.Tensor,
-    hidden: torch.Tensor, coords: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The 4-bit screen with its low-rank correction (runtime.heads.screen4_bound).
+def screen4_gemv(panels: Screen4Panels, hidden: torch.Tensor, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 4-bit screen with its low-rank correction (runtime.heads.screen4_bound), from its panels.
 
-    codes [V, d/2] uint8, scales / mins [V, G] float16 (groups of d / G = 32 or 64 columns), corr [V, k] int8, corr_scale [V] float32,
     hidden [B, d] float32, coords [B, k] float32 (the hidden rows' basis coordinates). Returns
     (center [B, V] float32 ~ <Q_i, h> + s_i <p_i, c_eff>, |r| [B] float64 of the int16 split (0 where
     the screen ran on float activations), c_eff [B, k] float32: the coordinates the center used).
@@ -142,34 +131,31 @@ def screen4_gemv(
     take (non-finite or extreme values), float64 in torch.
     """
     hidden, coords = hidden.float().contiguous(), coords.float().contiguous()
-    d = codes.shape[1] * 2
-    if not has_screen4_kernel() or d % 64 or d > INT16_SCREEN_MAX_COLS:
-        return _screen4_torch(codes, scales, mins, corr, corr_scale, hidden, coords), torch.zeros(hidden.shape[0], dtype=torch.float64), coords
-    center, remainder, effective = active()[1].screen4_gemv(codes, scales, mins, corr, corr_scale, hidden, coords, "avx512_vnni" in cpu_flags())
+    if not has_screen4_kernel() or panels.dim > INT16_SCREEN_MAX_COLS:
+        return _screen4_torch(panels, hidden, coords), torch.zeros(hidden.shape[0], dtype=torch.float64), coords
+    center, remainder, effective = active()[1].screen4_gemv(
+        panels.packed, panels.vocab, panels.group, hidden, coords, "avx512_vnni" in cpu_flags())
     unsplit = ~torch.isfinite(remainder)  # [B]
     if bool(unsplit.any()):
-        center[unsplit] = _screen4_torch(codes, scales, mins, corr, corr_scale, hidden[unsplit], coords[unsplit])
+        center[unsplit] = _screen4_torch(panels, hidden[unsplit], coords[unsplit])
         remainder[unsplit] = 0.0
         effective[unsplit] = coords[unsplit]
     return center, remainder, effective
 
 
-def _screen4_torch(
-    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, corr: torch.Tensor, corr_scale: torch.Tensor,
-    hidden: torch.Tensor, coords: torch.Tensor,
-) -> torch.Tensor:
+def _screen4_torch(panels: Screen4Panels, hidden: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
     """Reference 4-bit screen in float64 (row chunks), rounded to float32 at the end: [B, V]."""
-    V, G = scales.shape
-    group = codes.shape[1] * 2 // G
+    V, G, group = panels.vocab, panels.groups, panels.group
     h64, c64 = hidden.double(), coords.double()
     out = torch.empty(hidden.shape[0], V, dtype=torch.float32)
     chunk = 16384
     for start in range(0, V, chunk):
-        rows = slice(start, start + chunk)
-        q = unpack_int4(codes[rows], group).double().view(-1, G, group)  # [c, G, n]
-        weight = (q * scales[rows].double()[..., None] + mins[rows].double()[..., None]).view(q.shape[0], -1)  # [c, d], exact
-        correction = corr[rows].double() * corr_scale[rows].double()[:, None]  # [c, k]
-        out[:, rows] = (h64 @ weight.T + c64 @ correction.T).float()
+        stop = min(V, start + chunk)
+        q, scales, mins, corr, corr_scale = panels.rows(start, stop)
+        q = q.double().view(-1, G, group)  # [c, G, n]
+        weight = (q * scales.double()[..., None] + mins.double()[..., None]).view(q.shape[0], -1)  # [c, d], exact
+        correction = corr.double() * corr_scale.double()[:, None]  # [c, k]
+        out[:, start:stop] = (h64 @ weight.T + c64 @ correction.T).float()
     return out
 
 
@@ -233,7 +219,9 @@ __all__ = [
     "quant_linear_parts",
     "rms_norm",
     "screen_gemv",
+    "Screen4Panels",
     "has_screen4_kernel",
+    "pack_screen4",
     "screen4_gemv",
     "screen_gemv_int16",
     "screen_radius",

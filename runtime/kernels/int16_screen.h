@@ -27,11 +27,12 @@ namespace {
 
 constexpr int64_t kMaxIntCols = 8192;
 
-// Row h [d] -> a [d] int16 with h = 2^e a + r; returns 2^e and writes |r| (float64, rounded up).
+// Row h [d] -> a [d] int16 with h = 2^e a + r, |a| <= limit (<= 32767); returns 2^e and writes |r|
+// (float64, rounded up).
 // A row with a non-finite value, or with max |h| outside [2^-60, 2^60] (where the float32 products
 // after the integer dot could underflow or overflow), gets a = 0 and |r| = inf: the caller then
 // screens it with float32 activations.
-inline float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm) {
+inline float split_int16(const float* h, int64_t d, int16_t* a, double* remainder_norm, int limit = 32767) {
   float amax = 0.f;
   bool finite = true;
   for (int64_t j = 0; j < d; ++j) {
@@ -44,12 +45,13 @@ inline float split_int16(const float* h, int64_t d, int16_t* a, double* remainde
     return 1.f;
   }
   int e;
-  std::frexp(static_cast<double>(amax) / 32767.0, &e);  // 2^(e-1) <= amax / 32767 < 2^e
-  while (std::ldexp(static_cast<double>(amax), -e) > 32767.0) ++e;  // t was rounded: make sure it fits
-  while (std::ldexp(static_cast<double>(amax), -(e - 1)) <= 32767.0) --e;  // the smallest e that fits (amax > 0)
+  const double top = limit;
+  std::frexp(static_cast<double>(amax) / top, &e);  // 2^(e-1) <= amax / limit < 2^e
+  while (std::ldexp(static_cast<double>(amax), -e) > top) ++e;  // t was rounded: make sure it fits
+  while (std::ldexp(static_cast<double>(amax), -(e - 1)) <= top) --e;  // the smallest e that fits (amax > 0)
   double sum = 0.0;
   for (int64_t j = 0; j < d; ++j) {
-    const double v = std::nearbyint(std::ldexp(static_cast<double>(h[j]), -e));  // |v| <= 32767
+    const double v = std::nearbyint(std::ldexp(static_cast<double>(h[j]), -e));  // |v| <= limit
     a[j] = static_cast<int16_t>(v);
     const double r = static_cast<double>(h[j]) - std::ldexp(v, e);  // exact: both are multiples of h's ulp
     sum += r * r;

@@ -10,8 +10,7 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
 std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torch::Tensor scales, torch::Tensor h, bool vnni);
 torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, torch::Tensor qnorm, double rnorm,
                             double slack, double inv_t, torch::Tensor noise, int64_t k);
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
-                                                                     torch::Tensor corr, torch::Tensor corr_scale, torch::Tensor h,
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tensor packed, int64_t V, int64_t n, torch::Tensor h,
                                                                      torch::Tensor coords, bool vnni);  // screen4_avx512.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -19,5 +18,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("screen_gemv", &screen_gemv, "int8-weight x fp32-activation GEMV with per-group scales");
   m.def("screen_gemv_int16", &screen_gemv_int16, "the int8 screen against int16-split activations, integer dots");
   m.def("screen_select", &screen_select, "candidate ids of one screened row");
-  m.def("screen4_gemv", &screen4_gemv, "the 4-bit screen with its low-rank correction against int16-split activations");
+  m.def("screen4_gemv", &screen4_gemv, "the 4-bit screen (in panels) with its low-rank correction against int16-split activations");
 }

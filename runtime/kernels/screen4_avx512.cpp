@@ -4,20 +4,18 @@
 // and m float16), plus a low-rank correction: k int8 values p_i with a float32 scale s_i, the row's
 // quantization error W_i - Q_i projected on a basis U of the hidden states (runtime.heads.
 // screen4_bound says how the bound uses it). Per hidden row h, split exactly as h = 2^e a + r
-// (int16_screen.h), and its basis coordinates c [k]:
+// (int16_screen.h, |a| <= 32639), and its basis coordinates c [k]:
 //
-//   y_i = 2^e (sum_g d_ig <q_ig, a_g> + m_ig sum(a_g)) + s_i <p_i, c_eff>,   c_eff = 2^e fl(2^-e c)
+//   y_i = 2^e (sum_g d_ig <q_ig, a_g> + m_ig sum(a_g) + fl(s_i p_i) . 2^-e c),   c_eff = 2^e fl(2^-e c)
 //
-// <q_ig, a_g> is an exact integer dot (int4 x int16 pairs, vpdpwssd where the CPU reports
-// avx512_vnni, vpmaddwd otherwise: the same integers); the rest is float32, whose rounding the
-// caller bounds. Streams ~0.6 bytes per weight against the int8 screen's 1.
-//
-// Layout: codes [V, d / 2] bytes, group g at bytes g n/2 .. (g + 1) n/2 - 1, byte j = q[g n + j] |
-// q[g n + n/2 + j] << 4 (ggml's Q4_1 order at n = 32); d % 64 == 0. A step reads 32 bytes, 64 columns,
-// whose low nibbles zero-extended to words go against one vector of a and the high nibbles against
-// the next. n = 64: one group, a in its own order. n = 32: the groups 2t and 2t + 1 (low nibbles:
-// elements 0..15 of both, high: 16..31), a reordered once per call to match, so dword lanes 0..7 of
-// the step sum group 2t and 8..15 group 2t + 1.
+// Each a_j is split again into bytes, a = 256 hi + lo with hi, lo in [-128, 127] (why the split stops
+// at 32639), so <q, a> over 32 columns is 256 <q, hi> + <q, lo>: exact u8 x s8 dots (vpdpbusd where
+// the CPU reports avx512_vnni, vpmaddubsw + vpmaddwd otherwise: the same integers), |<q, a>| <=
+// 32 * 15 * 32639 < 2^24, so its float32 is exact. The rest is float32, one lane per vocabulary row,
+// in this order: per group, fma(<q, a> over each 32 columns, d) then fma(m, sum(a_g)); then per
+// correction coordinate fma(fl(s p_j), 2^-e c_j); then times 2^e. So each row takes at most
+// 2 d/32 + k + 1 roundings, which the caller bounds (Screen4Bound). The rows come in panels of 16
+// (runtime.kernels.screen4_panels: the layout), one byte stream, ~0.69 bytes per weight at n = 32.
 #pragma GCC optimize("fp-contract=fast")
 
 #include <torch/extension.h>
@@ -25,7 +23,6 @@
 #include <immintrin.h>
 
 #include "int16_screen.h"
-#include "prefetch.h"
 #include "simd_avx512.h"
 
 #include <algorithm>
@@ -35,169 +32,152 @@
 
 namespace {
 
-constexpr int64_t kMaxCols4 = 8192;   // int16 split and stack buffers: d <= 8192 (256 groups)
-constexpr int kMaxGroups = kMaxCols4 / 32;
-constexpr int64_t kAhead4 = 8;  // rows ahead to prefetch (a row is half the int8 screen's)
-constexpr int kBatch4 = 4;            // hidden rows per pass
-constexpr int rows4_for(int n) { return n <= 2 ? 4 : 2; }  // vocab rows per pass
+constexpr int64_t kMaxCols4 = 8192;  // the int16 split's limit (kMaxIntCols)
+constexpr int kLanes = 16;           // vocabulary rows per panel
+constexpr int kSplitLimit = 32639;   // |a| <= 32639: (a + 128) >> 8 fits int8
+constexpr int kBatch4 = 4;           // hidden rows per pass over the panels (no software prefetch: the
+                                     // hardware's follows the one stream, and measured faster without)
 
-// G float16 values -> float32, padded with zeros to a multiple of 16 (masked loads: no read past the row).
-inline void halves_to_float(const uint16_t* src, int64_t G, float* dst) {
-  for (int64_t g = 0; g < G; g += 16) {
-    const int64_t n = std::min<int64_t>(16, G - g);
-    const __m512i raw = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << n) - 1), src + g);
-    _mm512_storeu_ps(dst + g, _mm512_cvtph_ps(_mm512_castsi512_si256(raw)));
-  }
-}
-
-// One hidden row, prepared once per call: a in the kernel's order, its group sums, c scaled by 2^-e.
+// One hidden row, prepared once per call: a's high and low bytes, its group sums, c scaled by 2^-e.
 struct Prepared {
-  const int16_t* a;     // [d] reordered
-  const float* sums;    // [G padded to 16] float(sum of a over group g), exact (|sum| < 2^21)
+  const int8_t* hi;     // [d]
+  const int8_t* lo;     // [d]
+  const float* sums;    // [G] float(sum of a over group g), exact (|sum| < 2^21)
   const float* coords;  // [k] fl(2^-e c)
   float step;           // 2^e
 };
 
-struct Screen4 {
-  const uint8_t* codes;
-  const uint16_t* scales;  // [V, G] float16 bits
-  const uint16_t* mins;    // [V, G]
-  const int8_t* corr;      // [V, k]
-  const float* corr_scale; // [V]
-  int64_t d, G, k;  // G = d / n
+struct Panels {
+  const uint8_t* base;
+  int64_t panel_bytes, group_bytes, d, n, G, k, V;
 };
 
-// R vocab rows from `row` against N prepared hidden rows: y[b * V + row + r].
-template <bool Vnni, int R, int N>
-inline void rows4_dot(const Screen4& s, int64_t row, const Prepared* h, bool prefetch, float* y, int64_t V) {
-  const int64_t rb = s.d / 2, G = s.G, Gp = (G + 15) / 16 * 16;
-  if (prefetch) {  // the rows' scales, minimums and correction, one row group ahead
-    for (int64_t off = 0; off < 2 * G * R; off += 64) {
-      simd::prefetch(reinterpret_cast<const uint8_t*>(s.scales + (row + kAhead4) * G) + off);
-      simd::prefetch(reinterpret_cast<const uint8_t*>(s.mins + (row + kAhead4) * G) + off);
-    }
-    for (int64_t off = 0; off < s.k * R; off += 64) simd::prefetch(reinterpret_cast<const uint8_t*>(s.corr + (row + kAhead4) * s.k) + off);
+// acc += the u8 x s8 dot of each lane's 4 bytes of w with the 4 bytes at a (broadcast to every lane).
+template <bool Vnni>
+inline __m512i dot_bytes(__m512i acc, __m512i w, const int8_t* a) {
+  if constexpr (Vnni) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(a)));  // AVX512-VNNI
+    return acc;
+  } else {
+    int32_t word;
+    std::memcpy(&word, a, 4);
+    const __m512i pairs = _mm512_maddubs_epi16(w, _mm512_set1_epi32(word));  // |q hi + q hi| <= 3840: no saturation
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
   }
-  alignas(64) float sc[R][kMaxGroups], mn[R][kMaxGroups];
-  for (int r = 0; r < R; ++r) {
-    halves_to_float(s.scales + (row + r) * G, G, sc[r]);
-    halves_to_float(s.mins + (row + r) * G, G, mn[r]);
-  }
-  __m512 acc[R][N];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < N; ++b) acc[r][b] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi16(0x0F);
-  for (int64_t t = 0; t < s.d / 64; ++t) {
-    if (prefetch && t % 2 == 0)
-      for (int r = 0; r < R; ++r) simd::prefetch(s.codes + (row + kAhead4 + r) * rb + 32 * t);
-    __m512i lo[R], hi[R];
-    __m512 scale[R];
-    for (int r = 0; r < R; ++r) {
-      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.codes + (row + r) * rb + 32 * t)));
-      lo[r] = _mm512_and_si512(w, low4);
-      hi[r] = _mm512_srli_epi16(w, 4);
-      scale[r] = G * 64 == s.d ? _mm512_set1_ps(sc[r][t])  // n = 64
-                               : _mm512_mask_mov_ps(_mm512_set1_ps(sc[r][2 * t]), 0xFF00, _mm512_set1_ps(sc[r][2 * t + 1]));
-    }
-    for (int b = 0; b < N; ++b) {
-      const __m512i alo = _mm512_loadu_si512(h[b].a + 64 * t), ahi = _mm512_loadu_si512(h[b].a + 64 * t + 32);
-      for (int r = 0; r < R; ++r) {
-        const __m512i dots = dot_pairs<Vnni>(dot_pairs<Vnni>(_mm512_setzero_si512(), lo[r], alo), hi[r], ahi);
-        acc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale[r], acc[r][b]);
+}
+
+// Panel `panel` against N prepared hidden rows: y[b * V + 16 panel + L] for the panel's real rows.
+template <bool Vnni, int N>
+inline void panel_dot(const Panels& p, int64_t panel, const Prepared* h, float* y) {
+  const uint8_t* base = p.base + panel * p.panel_bytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[N];
+  for (int b = 0; b < N; ++b) acc[b] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    const uint8_t* group = base + g * p.group_bytes;
+    const __m512 scale = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(group + 8 * p.n)));
+    for (int64_t half = 0; half < p.n / 32; ++half) {
+      // Two int32 chains per hidden row: the high and the low bytes of a.
+      __m512i high[N], low[N];
+      for (int b = 0; b < N; ++b) high[b] = low[b] = _mm512_setzero_si512();
+      for (int v = 0; v < 4; ++v) {
+        const __m512i z = _mm512_load_si512(group + (4 * half + v) * 64);
+        const __m512i q0 = _mm512_and_si512(z, low4), q1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+        const int64_t j = g * p.n + 32 * half + 8 * v;
+        for (int b = 0; b < N; ++b) {
+          high[b] = dot_bytes<Vnni>(high[b], q0, h[b].hi + j);
+          low[b] = dot_bytes<Vnni>(low[b], q0, h[b].lo + j);
+        }
+        for (int b = 0; b < N; ++b) {
+          high[b] = dot_bytes<Vnni>(high[b], q1, h[b].hi + j + 4);
+          low[b] = dot_bytes<Vnni>(low[b], q1, h[b].lo + j + 4);
+        }
+      }
+      for (int b = 0; b < N; ++b) {
+        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(high[b], 8), low[b]);
+        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[b]);
       }
     }
+    const __m512 mins = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(group + 8 * p.n + 32)));
+    for (int b = 0; b < N; ++b) acc[b] = _mm512_fmadd_ps(mins, _mm512_set1_ps(h[b].sums[g]), acc[b]);
   }
-  for (int64_t g = 0; g < Gp; g += 16) {  // the minimums: m_g * sum(a_g) (padding lanes are 0 * 0)
-    for (int r = 0; r < R; ++r) {
-      const __m512 m = _mm512_load_ps(mn[r] + g);
-      for (int b = 0; b < N; ++b) acc[r][b] = _mm512_fmadd_ps(m, _mm512_loadu_ps(h[b].sums + g), acc[r][b]);
-    }
+  const uint8_t* corr = base + p.G * p.group_bytes;
+  const __m512 corr_scale = _mm512_load_ps(reinterpret_cast<const float*>(corr + kLanes * p.k));
+  for (int64_t j = 0; j < p.k; ++j) {  // the correction: fl(s_i p_ij) 2^-e c_j
+    const __m128i raw = _mm_load_si128(reinterpret_cast<const __m128i*>(corr + kLanes * j));
+    const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), corr_scale);
+    for (int b = 0; b < N; ++b) acc[b] = _mm512_fmadd_ps(scaled, _mm512_set1_ps(h[b].coords[j]), acc[b]);
   }
-  for (int64_t j = 0; j < s.k; j += 16) {  // the correction: s_i p_i . 2^-e c
-    for (int r = 0; r < R; ++r) {
-      const __m512 p = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.corr + (row + r) * s.k + j))));
-      const __m512 ps = _mm512_mul_ps(p, _mm512_set1_ps(s.corr_scale[row + r]));
-      for (int b = 0; b < N; ++b) acc[r][b] = _mm512_fmadd_ps(ps, _mm512_loadu_ps(h[b].coords + j), acc[r][b]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < N; ++b) y[b * V + row + r] = _mm512_reduce_add_ps(acc[r][b]) * h[b].step;
+  const int64_t row = panel * kLanes, real = std::min<int64_t>(kLanes, p.V - row);
+  const __mmask16 mask = real == kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << real) - 1u);
+  for (int b = 0; b < N; ++b) _mm512_mask_storeu_ps(y + b * p.V + row, mask, _mm512_mul_ps(acc[b], _mm512_set1_ps(h[b].step)));
 }
 
 template <bool Vnni, int N>
-void rows4_range(const Screen4& s, const Prepared* h, int64_t begin, int64_t end, float* y, int64_t V) {
-  constexpr int R = rows4_for(N);
-  int64_t i = begin;
-  for (; i + R <= end; i += R) rows4_dot<Vnni, R, N>(s, i, h, i + kAhead4 + R <= end, y, V);
-  for (; i < end; ++i) rows4_dot<Vnni, 1, N>(s, i, h, false, y, V);
+void panels_range(const Panels& p, const Prepared* h, int64_t begin, int64_t end, float* y) {
+  for (int64_t i = begin; i < end; ++i) panel_dot<Vnni, N>(p, i, h, y);
 }
 
 template <bool Vnni, int N>
-void rows4_batch(int64_t count, const Screen4& s, const Prepared* h, int64_t begin, int64_t end, float* y, int64_t V) {
+void panels_batch(int64_t count, const Panels& p, const Prepared* h, int64_t begin, int64_t end, float* y) {
   if constexpr (N > 1) {
-    if (count < N) return rows4_batch<Vnni, N - 1>(count, s, h, begin, end, y, V);
+    if (count < N) return panels_batch<Vnni, N - 1>(count, p, h, begin, end, y);
   }
-  rows4_range<Vnni, N>(s, h, begin, end, y, V);
+  panels_range<Vnni, N>(p, h, begin, end, y);
 }
 
 }  // namespace
 
-// codes [V, d/2] uint8, scales / mins [V, G] float16 (G = d/32 or d/64), corr [V, k] int8 (k % 16 == 0), corr_scale [V] float32,
-// h [B, d] float32, coords [B, k] float32 -> (y [B, V] float32, |r| [B] float64 of the int16 split (inf: the
-// split does not apply to that row, screen it elsewhere), c_eff [B, k] float32).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
-                                                                     torch::Tensor corr, torch::Tensor corr_scale, torch::Tensor h,
+// packed [P, panel_bytes] uint8 (runtime.kernels.screen4_panels) of V rows, d columns in groups of n, k
+// correction coordinates; h [B, d] float32, coords [B, k] float32 -> (y [B, V] float32, |r| [B] float64
+// of the int16 split (inf: the split does not apply to that row, screen it elsewhere), c_eff [B, k] float32).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tensor packed, int64_t V, int64_t n, torch::Tensor h,
                                                                      torch::Tensor coords, bool vnni) {
-  TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() && codes.dim() == 2, "codes: contiguous [V, d/2] uint8");
-  const int64_t V = codes.size(0), d = codes.size(1) * 2, G = scales.dim() == 2 ? scales.size(1) : 0;
-  TORCH_CHECK(d % 64 == 0 && d <= kMaxCols4, "the 4-bit screen needs d % 64 == 0 and d <= ", kMaxCols4);
-  TORCH_CHECK(G == d / 32 || G == d / 64, "groups of 32 or 64 columns");
-  const int64_t group = d / G;
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat16 && scales.is_contiguous() && scales.size(0) == V && scales.size(1) == G, "scales: [V, G] float16");
-  TORCH_CHECK(mins.scalar_type() == torch::kFloat16 && mins.is_contiguous() && mins.size(0) == V && mins.size(1) == G, "mins: [V, G] float16");
-  TORCH_CHECK(corr.dtype() == torch::kInt8 && corr.is_contiguous() && corr.size(0) == V && corr.size(1) % 16 == 0, "corr: [V, k] int8, k % 16 == 0");
-  TORCH_CHECK(corr_scale.dtype() == torch::kFloat32 && corr_scale.is_contiguous() && corr_scale.numel() == V, "corr_scale: [V] float32");
-  TORCH_CHECK(h.dtype() == torch::kFloat32 && h.dim() == 2 && h.size(1) == d, "h: [B, d] float32");
-  const int64_t B = h.size(0), k = corr.size(1);
-  TORCH_CHECK(coords.dtype() == torch::kFloat32 && coords.dim() == 2 && coords.size(0) == B && coords.size(1) == k, "coords: [B, k] float32");
+  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2, "packed: contiguous [P, panel_bytes] uint8");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0, "packed: 64-byte aligned");
+  TORCH_CHECK(h.dtype() == torch::kFloat32 && h.dim() == 2, "h: [B, d] float32");
+  TORCH_CHECK(coords.dtype() == torch::kFloat32 && coords.dim() == 2 && coords.size(0) == h.size(0), "coords: [B, k] float32");
+  const int64_t B = h.size(0), d = h.size(1), k = coords.size(1), G = d / std::max<int64_t>(n, 1);
+  TORCH_CHECK((n == 32 || n == 64) && d % n == 0 && d <= kMaxCols4 && k % 16 == 0, "the 4-bit screen needs groups of 32 or 64 columns, d <= ",
+              kMaxCols4, " and k % 16 == 0");
+  const int64_t group_bytes = 8 * n + 64, panel_bytes = G * group_bytes + kLanes * k + 64;
+  TORCH_CHECK(packed.size(1) == panel_bytes && packed.size(0) * kLanes >= V && (packed.size(0) - 1) * kLanes < V,
+              "packed: ", (V + kLanes - 1) / kLanes, " panels of ", panel_bytes, " bytes");
   h = h.contiguous();
   coords = coords.contiguous();
-  const int64_t Gp = (G + 15) / 16 * 16;
-  std::vector<int16_t> natural(static_cast<size_t>(d)), reordered(static_cast<size_t>(B * d));
-  std::vector<float> sums(static_cast<size_t>(B * Gp), 0.f), scaled(static_cast<size_t>(B * k));
+  std::vector<int16_t> a(static_cast<size_t>(d));
+  std::vector<int8_t> hi(static_cast<size_t>(B * d)), lo(static_cast<size_t>(B * d));
+  std::vector<float> sums(static_cast<size_t>(B * G)), scaled(static_cast<size_t>(B * k));
   std::vector<Prepared> prepared(static_cast<size_t>(B));
   auto remainder = torch::empty({B}, torch::kFloat64);
   auto effective = torch::empty({B, k}, torch::kFloat32);
   for (int64_t b = 0; b < B; ++b) {
-    const float step = split_int16(h.data_ptr<float>() + b * d, d, natural.data(), remainder.data_ptr<double>() + b);
-    int16_t* a = reordered.data() + b * d;
-    for (int64_t t = 0; t < d / 64; ++t) {  // n = 32: [lo of 2t, lo of 2t+1, hi of 2t, hi of 2t+1], 16 words each
-      const int16_t* src = natural.data() + 64 * t;
-      const int order[4] = {0, group == 32 ? 32 : 16, group == 32 ? 16 : 32, 48};
-      for (int part = 0; part < 4; ++part) std::copy(src + order[part], src + order[part] + 16, a + 64 * t + 16 * part);
+    const float step = split_int16(h.data_ptr<float>() + b * d, d, a.data(), remainder.data_ptr<double>() + b, kSplitLimit);
+    for (int64_t j = 0; j < d; ++j) {
+      const int high = (a[j] + 128) >> 8;  // floor: a = 256 high + low, both in [-128, 127]
+      hi[b * d + j] = static_cast<int8_t>(high);
+      lo[b * d + j] = static_cast<int8_t>(a[j] - 256 * high);
     }
     for (int64_t g = 0; g < G; ++g) {
       int32_t total = 0;
-      for (int64_t j = 0; j < group; ++j) total += natural[group * g + j];
-      sums[b * Gp + g] = static_cast<float>(total);
+      for (int64_t j = 0; j < n; ++j) total += a[n * g + j];
+      sums[b * G + g] = static_cast<float>(total);
     }
     const int e = std::ilogb(step);
     for (int64_t j = 0; j < k; ++j) {
       scaled[b * k + j] = std::ldexp(coords.data_ptr<float>()[b * k + j], -e);
       effective.data_ptr<float>()[b * k + j] = std::ldexp(scaled[b * k + j], e);  // what y uses (equal unless 2^-e c underflows)
     }
-    prepared[b] = {a, sums.data() + b * Gp, scaled.data() + b * k, step};
+    prepared[b] = {hi.data() + b * d, lo.data() + b * d, sums.data() + b * G, scaled.data() + b * k, step};
   }
-  const Screen4 s{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
-                  reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()), corr.data_ptr<int8_t>(),
-                  corr_scale.data_ptr<float>(), d, G, k};
+  const Panels p{packed.data_ptr<uint8_t>(), panel_bytes, group_bytes, d, n, G, k, V};
   auto y = torch::empty({B, V}, h.options());
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, V, 256, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, packed.size(0), 16, [&](int64_t begin, int64_t end) {
     for (int64_t b0 = 0; b0 < B; b0 += kBatch4) {
       const int64_t count = std::min<int64_t>(kBatch4, B - b0);
-      if (vnni) rows4_batch<true, kBatch4>(count, s, prepared.data() + b0, begin, end, yp + b0 * V, V);
-      else rows4_batch<false, kBatch4>(count, s, prepared.data() + b0, begin, end, yp + b0 * V, V);
+      if (vnni) panels_batch<true, kBatch4>(count, p, prepared.data() + b0, begin, end, yp + b0 * V);
+      else panels_batch<false, kBatch4>(count, p, prepared.data() + b0, begin, end, yp + b0 * V);
     }
   });
   return {y, remainder, effective};
