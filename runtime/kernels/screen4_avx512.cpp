@@ -16,8 +16,6 @@
 // correction coordinate fma(fl(s p_j), 2^-e c_j); then times 2^e. So each row takes at most
 // 2 d/32 + k + 1 roundings, which the caller bounds (Screen4Bound). The rows come in panels of 16
 // (runtime.kernels.screen4_panels: the layout), one byte stream, ~0.69 bytes per weight at n = 32.
-#pragma GCC optimize("fp-contract=fast")
-
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -49,7 +47,7 @@ struct Prepared {
 
 struct Panels {
   const uint8_t* base;
-  int64_t panel_bytes, group_bytes, d, n, G, k, V;
+  int64_t panel_bytes, group_bytes, n, G, k, V;
 };
 
 // acc += the u8 x s8 dot of each lane's 4 bytes of w with the 4 bytes at a (broadcast to every lane).
@@ -170,7 +168,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tens
     }
     prepared[b] = {hi.data() + b * d, lo.data() + b * d, sums.data() + b * G, scaled.data() + b * k, step};
   }
-  const Panels p{packed.data_ptr<uint8_t>(), panel_bytes, group_bytes, d, n, G, k, V};
+  const Panels p{packed.data_ptr<uint8_t>(), panel_bytes, group_bytes, n, G, k, V};
   auto y = torch::empty({B, V}, h.options());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, packed.size(0), 16, [&](int64_t begin, int64_t end) {
