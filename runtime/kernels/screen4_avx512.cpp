@@ -30,7 +30,6 @@
 
 namespace {
 
-constexpr int64_t kMaxCols4 = 8192;  // the int16 split's limit (kMaxIntCols)
 constexpr int kLanes = 16;           // vocabulary rows per panel
 constexpr int kSplitLimit = 32639;   // |a| <= 32639: (a + 128) >> 8 fits int8
 constexpr int kBatch4 = 4;           // hidden rows per pass over the panels (no software prefetch: the
@@ -106,9 +105,9 @@ inline void panel_dot(const Panels& p, int64_t panel, const Prepared* h, float* 
     const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), corr_scale);
     for (int b = 0; b < N; ++b) acc[b] = _mm512_fmadd_ps(scaled, _mm512_set1_ps(h[b].coords[j]), acc[b]);
   }
-  const int64_t row = panel * kLanes, real = std::min<int64_t>(kLanes, p.V - row);
-  const __mmask16 mask = real == kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << real) - 1u);
-  for (int b = 0; b < N; ++b) _mm512_mask_storeu_ps(y + b * p.V + row, mask, _mm512_mul_ps(acc[b], _mm512_set1_ps(h[b].step)));
+  const int64_t row = panel * kLanes;
+  for (int b = 0; b < N; ++b)  // the padded last panel: its real rows only
+    simd::store_first(y + b * p.V + row, {_mm512_mul_ps(acc[b], _mm512_set1_ps(h[b].step))}, p.V - row);
 }
 
 template <bool Vnni, int N>
@@ -136,8 +135,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tens
   TORCH_CHECK(h.dtype() == torch::kFloat32 && h.dim() == 2, "h: [B, d] float32");
   TORCH_CHECK(coords.dtype() == torch::kFloat32 && coords.dim() == 2 && coords.size(0) == h.size(0), "coords: [B, k] float32");
   const int64_t B = h.size(0), d = h.size(1), k = coords.size(1), G = d / std::max<int64_t>(n, 1);
-  TORCH_CHECK((n == 32 || n == 64) && d % n == 0 && d <= kMaxCols4 && k % 16 == 0, "the 4-bit screen needs groups of 32 or 64 columns, d <= ",
-              kMaxCols4, " and k % 16 == 0");
+  TORCH_CHECK((n == 32 || n == 64) && d % n == 0 && d <= kMaxIntCols && k % 16 == 0, "the 4-bit screen needs groups of 32 or 64 columns, d <= ",
+              kMaxIntCols, " and k % 16 == 0");
   const int64_t group_bytes = 8 * n + 64, panel_bytes = G * group_bytes + kLanes * k + 64;
   TORCH_CHECK(packed.size(1) == panel_bytes && packed.size(0) * kLanes >= V && (packed.size(0) - 1) * kLanes < V,
               "packed: ", (V + kLanes - 1) / kLanes, " panels of ", panel_bytes, " bytes");

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 PANEL_ROWS = 16
-_CHUNK_PANELS = 1024  # panels packed or unpacked per step: 16384 rows, a few MB of temporaries
+_CHUNK_PANELS = 1024  # panels packed or unpacked per step: 16384 rows, ~30 MB of temporaries at d = 640
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,12 @@ def pack_screen4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, 
 
 def panel_bytes(dim: int, group: int, rank: int) -> int:
     """Bytes of one panel of 16 rows."""
-    return dim // group * (8 * group + 64) + 16 * rank + 64
+    return dim // group * _group_bytes(group) + 16 * rank + 64
+
+
+def _group_bytes(group: int) -> int:
+    """Bytes of one group of a panel: 16 rows' codes (8n), scales and minimums (32 each)."""
+    return 8 * group + 64
 
 
 def unpack_int4(codes: torch.Tensor, group: int) -> torch.Tensor:
@@ -108,7 +113,7 @@ def _pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, corr: torch
 def _unpack(packed: torch.Tensor, dim: int, group: int, rank: int) -> tuple[torch.Tensor, ...]:
     """Panels [P, panel_bytes] -> (q, scales, mins, corr, corr_scale) of their 16P rows."""
     P, G = packed.shape[0], dim // group
-    per_group = packed[:, : G * (8 * group + 64)].reshape(P, G, 8 * group + 64)
+    per_group = packed[:, : G * _group_bytes(group)].reshape(P, G, _group_bytes(group))
     code_bytes = per_group[..., : 8 * group].reshape(P, G, group // 8, PANEL_ROWS, 4)  # [P, G, v, L, m]
     nibbles = torch.stack([code_bytes & 0x0F, code_bytes >> 4], dim=-1)  # [P, G, v, L, m, low/high]
     q = nibbles.permute(0, 3, 1, 2, 5, 4).reshape(P * PANEL_ROWS, dim)
@@ -118,7 +123,7 @@ def _unpack(packed: torch.Tensor, dim: int, group: int, rank: int) -> tuple[torc
 
     scales = rows(per_group[..., 8 * group : 8 * group + 32], torch.float16)
     mins = rows(per_group[..., 8 * group + 32 :], torch.float16)
-    start = G * (8 * group + 64)
+    start = G * _group_bytes(group)
     corr = rows(packed[:, start : start + 16 * rank].reshape(P, rank, PANEL_ROWS), torch.int8)
     corr_scale = packed[:, start + 16 * rank :].contiguous().view(torch.float32).reshape(-1)
     return q, scales, mins, corr, corr_scale
