@@ -274,6 +274,28 @@ def test_lookup_remembers_earlier_sequences_of_its_session():
     assert drafter.propose([12, 13, 7, 12, 13], 4).tokens.tolist() == [7, 12]  # the context before the session
 
 
+def test_lookup_occurrences_vote_on_the_draft():
+    drafter = LookupDrafter(max_ngram=2)
+    # "1 2" three times in the context: twice followed by 3 4, once (the newest) by 3 5. Every
+    # occurrence agrees on 3; then 4 has two of the three votes, not more than 2/3: the draft stops.
+    context = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
+    assert drafter.propose(context, 4).tokens.tolist() == [3]
+    # A fourth "1 2 3 4" gives 4 three votes of four: past 2/3, so it is drafted too.
+    assert drafter.propose([1, 2, 3, 4, 9] + context, 4).tokens.tolist() == [3, 4]
+    # The majority beats the newest: two occurrences go on with 7, the newest with 8; then 1 is unanimous.
+    assert drafter.propose([1, 2, 7, 1, 1, 2, 7, 1, 1, 2, 8, 1, 1, 2], 4).tokens.tolist() == [7, 1]
+    # A tie goes to the first listed: one context occurrence (two votes) against two in the session.
+    drafter.reset([6, 1, 2, 5, 0], SamplingParams(), None)
+    drafter.reset([6, 1, 2, 5, 0], SamplingParams(), None)
+    drafter.reset([0], SamplingParams(), None)
+    assert drafter.propose([1, 2, 3, 9, 1, 2], 4).tokens.tolist() == [3, 9]  # then only the context votes
+    # The session alone: its two occurrences agree.
+    assert drafter.propose([8, 1, 2], 4).tokens.tolist() == [5, 0]
+    # A longer match drafts alone: "0 1 2" occurs once, so the other "1 2"s do not vote.
+    longer = LookupDrafter(max_ngram=3)
+    assert longer.propose([0, 1, 2, 9, 1, 2, 3, 1, 2, 3, 0, 1, 2], 4).tokens.tolist() == [9, 1, 2]
+
+
 def test_lookup_history_keeps_the_newest_tokens_within_its_limit():
     drafter = LookupDrafter(max_ngram=2, max_history_tokens=10)
     for first in range(5):

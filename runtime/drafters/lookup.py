@@ -2,11 +2,14 @@
 
 llama.cpp's lookup decoding keeps a dynamic n-gram cache of what the model already generated; this is
 that idea on top of runtime.drafters.ngram. The context's last n tokens (n = max_ngram down to 1) are
-looked up in the context first (the most recent earlier occurrence), then, for n >= MIN_HISTORY_NGRAM,
-in the earlier sequences of this drafter's session (prompt plus output, the most recent occurrence).
-A match of n tokens drafts at most n tokens: a longer match is trusted further, and a one-token match
-(often a space or a bracket) drafts one. For token trees (`swarm:lookup:K`), `continuations` gives
-the K best distinct continuations instead, each as deep as the tree.
+looked up in the context and, for n >= MIN_HISTORY_NGRAM, in the earlier sequences of this drafter's
+session (prompt plus output). The longest n that matches anywhere drafts, and every occurrence of it
+votes on what follows: one in the context counts CONTEXT_VOTES, one in the session 1 (the newest
+wins a tie). The draft takes the leading token at each step and goes on while more than CONSENSUS of
+the votes still following it agree. A match of n tokens drafts at most n tokens: a longer match is
+trusted further, and a one-token match (often a space or a bracket) drafts one. For token trees
+(`swarm:lookup:K`), `continuations` gives the K best distinct continuations instead, each as deep as
+the tree.
 
 The session is the drafter object: a Method built once per Engine keeps it across generate calls and
 bench prompts; a new process starts empty. Drafts are verified like any other, so outputs stay exact.
@@ -14,6 +17,9 @@ bench prompts; a new process starts empty. Drafts are verified like any other, s
 
 from __future__ import annotations
 
+from collections import Counter
+from fractions import Fraction
+from itertools import takewhile
 from typing import Iterator
 
 import torch
@@ -26,6 +32,11 @@ from runtime.verify import Verdict
 MIN_HISTORY_NGRAM = 2  # a single token matches everywhere in other sequences: not worth a draft
 MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this many tokens, the newest
 MAX_HITS = 8  # the index keeps this many occurrences of each n-gram in the session, the newest
+CONTEXT_VOTES = 2  # an occurrence in the context outweighs one in the session's other sequences
+# A draft goes past its first token while more than this share of the votes agree. Chosen on an offline replay
+# of recorded greedy outputs (development prompts; README "Speculative decoding"): more than 2/3
+# with CONTEXT_VOTES = 2 sat on a plateau for all three packaged models.
+CONSENSUS = Fraction(2, 3)
 
 
 class LookupDrafter:
@@ -83,14 +94,17 @@ class LookupDrafter:
                     yield n, self.history[sequence], end
 
     def propose(self, context: list[int], k: int) -> Proposal:
-        """At most min(k, n) tokens after the longest matching suffix of n tokens: the context's own
-        most recent earlier occurrence first, then the session's."""
+        """At most min(k, n) tokens after the longest matching suffix of n tokens, as its occurrences
+        vote (module docstring)."""
         self._sequence = list(context)
-        match = next(self._matches(context), None) if k > 0 else None
-        if match is None:
+        matches = self._matches(context)
+        first = next(matches, None) if k > 0 else None
+        if first is None:
             return empty_proposal()
-        n, tokens, end = match
-        return Proposal(torch.tensor(tokens[end : end + min(k, n)], dtype=torch.long))
+        n = first[0]
+        longest = [first, *takewhile(lambda match: match[0] == n, matches)]
+        votes = [(tokens, end, CONTEXT_VOTES if tokens is context else 1) for _, tokens, end in longest]
+        return Proposal(torch.tensor(consensus(votes, min(k, n)), dtype=torch.long))
 
     def continuations(self, context: list[int], depth: int, count: int) -> list[list[int]]:
         """Up to `count` continuations of at most `depth` tokens, best first (the order of the
@@ -110,3 +124,23 @@ class LookupDrafter:
     def observe(self, verdict: Verdict) -> None:
         """The verified tokens join the current sequence (what the session will remember)."""
         self._sequence.extend(int(t) for t in verdict.tokens)
+
+
+def consensus(votes: list[tuple[list[int], int, int]], limit: int) -> list[int]:
+    """Up to `limit` tokens agreed by weighted occurrences (tokens, end, weight), each voting for what
+    follows tokens[end:]: the leading token at every step (the first listed wins a tie), for as long
+    as it holds more than CONSENSUS of the weight still following the draft (the first token always)."""
+    draft: list[int] = []
+    while len(draft) < limit:
+        tally: Counter[int] = Counter()
+        for tokens, end, weight in votes:
+            at = end + len(draft)
+            if at < len(tokens) and tokens[end:at] == draft:
+                tally[tokens[at]] += weight
+        if not tally:
+            break
+        token, weight = tally.most_common(1)[0]
+        if draft and weight <= CONSENSUS * sum(tally.values()):
+            break
+        draft.append(token)
+    return draft
