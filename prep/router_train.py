@@ -27,6 +27,7 @@ from prep.router_loss import positive_clusters, router_loss
 from prep.router_trainer import fit_and_validate, lightning_flags
 from prep.trace_files import load_traces, require_split, traces_of
 from prep.traces import SPLITS, build_traces, parse_layers
+from runtime.checks import is_digits
 from runtime.router import ONNX_FILE, Router, export_onnx
 
 RECALL_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -37,7 +38,7 @@ def hidden_key(hidden: str) -> str:
     if hidden == "final":
         return "hidden"
     kind, _, n = hidden.partition(":")
-    if kind != "layers" or not n.isdigit():
+    if kind != "layers" or not is_digits(n):
         raise ValueError(f"--hidden must be 'final' or 'layers:N', got {hidden!r}")
     return f"hidden_layers_{n}"
 

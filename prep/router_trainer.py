@@ -23,6 +23,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from tqdm import tqdm
 
+from runtime.checks import is_digits
+
 STRATEGIES = ("auto", "ddp_spawn")
 ACCELERATORS = ("auto", "cpu", "gpu")
 # Lightning's info lines (the device summary, a promotional tip, "`Trainer.fit` stopped"); warnings still show.
@@ -35,13 +37,13 @@ def lightning_flags(devices: str = "auto", accelerator: str = "auto", precision:
     if strategy not in STRATEGIES:
         raise ValueError(f"--strategy {strategy} is not supported: use auto or ddp_spawn (ddp and its like re-run the "
                          "command in each process, which the artifact's writer lock refuses)")
-    if not (devices == "auto" or devices.isdigit() and int(devices) >= 1):
+    if not (devices == "auto" or is_digits(devices) and int(devices) >= 1):
         raise ValueError(f"--devices takes a number of devices such as 1 or 2, or auto; got {devices!r}")
     if accelerator not in ACCELERATORS:
         raise ValueError(f"--accelerator takes {', '.join(ACCELERATORS)}; got {accelerator!r}")
     if accelerator == "gpu" and not (CUDAAccelerator.is_available() or MPSAccelerator.is_available()):
         raise ValueError("--accelerator gpu: no GPU is visible here; use --accelerator cpu, or auto (a GPU when there is one)")
-    flags = {"devices": int(devices) if devices.isdigit() else devices, "accelerator": accelerator,
+    flags = {"devices": int(devices) if is_digits(devices) else devices, "accelerator": accelerator,
              "precision": precision, "strategy": strategy}
     try:
         with quiet_lightning():

@@ -21,6 +21,12 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_digits(text: str) -> bool:
+    """Whether `text` spells a non-negative integer in ASCII digits (str.isdigit alone also passes
+    '٣', which int() reads as 3, and '²', which int() refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def require(ok: bool, name: str, what: str, value) -> None:
     """A ValueError "NAME must be WHAT, got VALUE" unless `ok`."""
     if not ok:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from runtime.checks import is_digits
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
 from runtime.method_spec import (HEADS, METHODS, NOT_PRESERVING, DrafterSpec, MethodEntry, MethodSpec, canonical, marked,
                                   preserves_distribution, register_method)
@@ -99,7 +100,7 @@ def loop_options(args: list[str]) -> tuple[list[str], dict]:
             loop["verifier"] = False
         elif part.startswith("gamma="):
             value = part.removeprefix("gamma=")
-            if not value.isdigit() or not 1 <= int(value) <= MAX_GAMMA:
+            if not is_digits(value) or not 1 <= int(value) <= MAX_GAMMA:
                 raise ValueError(f"gamma takes an integer in 1..{MAX_GAMMA}, not {value!r}; e.g. spec:ngram:gamma=6")
             loop["gamma"] = int(value)
         else:
@@ -149,7 +150,7 @@ def _spec(args: list[str], head: str | None, name: str = "spec") -> MethodSpec:
 def _screenspec(args: list[str], head: str | None) -> MethodSpec:
     _refuse_csv_suffix("screenspec", head)
     rest, loop = loop_options(args)
-    if len(rest) != 2 or rest[0] != "layers" or not rest[1].isdigit() or not loop.get("verifier", True):
+    if len(rest) != 2 or rest[0] != "layers" or not is_digits(rest[1]) or not loop.get("verifier", True):
         raise ValueError("screenspec takes a layers:N drafter and gamma=G, adaptive, e.g. screenspec:layers:16 "
                          "(spec:int8 already drafts with the screening head)")
     return MethodSpec("screenspec", drafter=DrafterSpec("layers", (rest[1],)), draft_head="screen", **loop)
@@ -183,7 +184,7 @@ def _own_options(name: str, args: list[str], allowed: dict[str, Callable[[str], 
 
 def _count(low: int, high: int) -> Callable[[str], int | None]:
     def parse(value: str) -> int | None:
-        return int(value) if value.isdigit() and low <= int(value) <= high else None
+        return int(value) if is_digits(value) and low <= int(value) <= high else None
 
     parse.__doc__ = f"an integer in {low}..{high}"
     return parse

@@ -58,6 +58,9 @@ def test_the_default_method_is_lookup_through_the_best_bound_given():
     ("spec:ngram+fast", "use +csv"), ("spec:layers:x", "layers:N"), ("dynaspec:int8:k=0", "k=8"),
     ("dynaspec:int8:schedule=z", "fixed or position"), ("frspec:int8", "TOKENS"), ("spec:gp:16:foo", "gp:RANK"),
     ("screenspec:layers:2+csv", "+csv"), ("ar:fast", "ar:transformers"), ("spec:lookup:x", "lookup:4"),
+    # digits outside ASCII: int() reads '٣' as 3 and refuses '²' with its own message
+    ("spec:ngram:gamma=\u0663", "gamma takes an integer in 1..8"), ("spec:ngram:gamma=\u00b2", "gamma takes an integer in 1..8"),
+    ("spec:lookup:\u00b2", "lookup:4"), ("spec:layers:\u0663", "layers:N"), ("swarm:int8:\u00b2", "swarm"),
 ])
 def test_bad_names_are_one_line_errors_naming_the_fix(name, fragment):
     with pytest.raises(ValueError) as error:

@@ -10,6 +10,7 @@ import torch
 
 from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
+from runtime.checks import is_digits
 from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.method_spec import BOUNDS
@@ -203,7 +204,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     from runtime.bench.verify_cost import best_gamma, tree_verify_cost, verify_cost
     from runtime.data import load_prompts
 
-    sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if n.strip().isdigit() and 1 <= int(n) <= 64)
+    sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if is_digits(n.strip()) and 1 <= int(n) <= 64)
     if trees != "none" and (not sizes or len(sizes) != len(trees.split(","))):
         raise click.BadParameter(f"node counts in 1..64 separated by commas, or none; not {trees!r}", param_hint="--trees")
     values.refuse_replacing([json_path], force)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from runtime.checks import is_digits
 from runtime.drafters.base import Drafter, Proposal
 from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp
 from runtime.drafters.int8 import Int8Drafter
@@ -86,7 +87,7 @@ def build_drafter(text: str, target, head=None, artifact=None, target_info=None)
 
 def _integer(value: str, what: str, example: str, low: int = 1) -> int:
     """A positive integer argument, or a one-line error naming the fix."""
-    if not value.isdigit() or int(value) < low:
+    if not is_digits(value) or int(value) < low:
         raise ValueError(f"{what} takes an integer >= {low}, not {value!r}; e.g. {example}")
     return int(value)
 

@@ -16,6 +16,7 @@ import torch
 
 from artifacts import Artifact
 from artifacts.format import Stage
+from runtime.checks import is_digits
 from runtime.backends.layers import Projection
 from runtime.backends.target import DecoderTarget
 from runtime.drafters.layers import BackendDrafter
@@ -44,7 +45,7 @@ def group_linears(layer: torch.nn.Module, group: str) -> list[torch.nn.Linear]:
 
 def parse_gp(args: list[str]) -> tuple[int, str]:
     """['RANK'] or ['RANK', 'act'|'weights'] (a spec after 'gp:') -> (rank, stage kind)."""
-    if not args or not args[0].isdigit() or int(args[0]) < 1 or len(args) > 2 or (len(args) == 2 and args[1] not in KINDS):
+    if not args or not is_digits(args[0]) or int(args[0]) < 1 or len(args) > 2 or (len(args) == 2 and args[1] not in KINDS):
         raise ValueError(f"bad GP drafter 'gp:{':'.join(args)}'; use {GP_HELP}, e.g. gp:256 or gp:256:act")
     return int(args[0]), KINDS[args[1] if len(args) == 2 else "weights"]
 

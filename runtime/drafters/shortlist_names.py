@@ -15,6 +15,7 @@ themselves are in runtime.drafters.dynaspec, their shortlist head in runtime.hea
 from __future__ import annotations
 
 from artifacts import Artifact
+from runtime.checks import is_digits
 from runtime.drafters.dynaspec import (
     RoutedInt8Drafter, RoutedLayerDrafter, RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter,
 )
@@ -35,7 +36,7 @@ def parse_shortlisted(name: str, args: list[str]) -> tuple[str, ...]:
         if key in CHOICES and value not in CHOICES[key]:
             raise ValueError(f"{key} takes {' or '.join(CHOICES[key])}, got {value!r} in {name}:{':'.join([kind] + args)}")
     if name == "frspec":
-        if len(rest) != 1 or not rest[0].isdigit() or int(rest[0]) < 1:
+        if len(rest) != 1 or not is_digits(rest[0]) or int(rest[0]) < 1:
             raise ValueError(f"frspec takes a shortlist size and context=0|1: frspec:{kind}:TOKENS, e.g. "
                              f"frspec:layers:16:26214; got {':'.join([name, kind] + args)!r}")
         return (kind, rest[0], f"context={options.get('context', DEFAULTS['context'])}")
@@ -43,7 +44,7 @@ def parse_shortlisted(name: str, args: list[str]) -> tuple[str, ...]:
         raise ValueError(f"dynaspec options are k=K, schedule=fixed|position, router=onnx|torch, overlap=0|1 and "
                          f"context=0|1; got {':'.join(rest)!r}")
     k = options.get("k", DEFAULTS["k"])
-    if not k.isdigit() or int(k) < 1:
+    if not is_digits(k) or int(k) < 1:
         raise ValueError(f"dynaspec k takes an integer >= 1 (clusters per draft token), got {k!r}; e.g. k=8")
     return (kind, *(f"{key}={options.get(key, default)}" for key, default in DEFAULTS.items()))
 
@@ -69,7 +70,7 @@ def _drafter_kind(args: list[str]) -> tuple[str, list[str]]:
     """("layers:N" or "int8", the arguments after it)."""
     if args[:1] == ["int8"]:
         return "int8", args[1:]
-    if len(args) >= 2 and args[0] == "layers" and args[1].isdigit():
+    if len(args) >= 2 and args[0] == "layers" and is_digits(args[1]):
         return f"layers:{args[1]}", args[2:]
     raise ValueError(f"dynaspec and frspec take a layers:N or int8 drafter; use {SHORTLIST_HELP}")
 
