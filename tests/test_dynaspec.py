@@ -199,8 +199,9 @@ def test_screen_draft_head_drafts_from_the_int8_logits(built):
     assert torch.equal(head.select(hidden, SamplingParams()), approx.argmax(1))
 
 
-def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, monkeypatch):
-    """prep all --with-router: traces + a multi-label router from the recipe's [router] section."""
+def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, monkeypatch, recwarn):
+    """prep all --with-router: traces + a multi-label router from the recipe's [router] section, without
+    Lightning's internal deprecation warning (prep.router_trainer.quiet_lightning)."""
     _, _, corpus = built
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(
@@ -214,3 +215,4 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
     params = RouterStage.load(session.artifact).params
     assert params["loss"] == "multilabel" and params["hidden"] == "final" and params["steps"] == 3
     assert 1400 <= sum(e["tokens"] for e in json.loads((traces / INDEX_FILE).read_text())["shards"]) <= 1500
+    assert not [w for w in recwarn if "LeafSpec" in str(w.message)]
