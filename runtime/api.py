@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import resource
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -97,21 +98,26 @@ def load(artifact: str | Path, model: str | None = None, backend: str = "auto", 
 
 
 class Engine:
-    """A session plus the methods built on it (built once per name, reused across calls)."""
+    """A session plus the methods built on it (built once per method, whatever its spelling, reused across calls)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._methods: dict[MethodSpec, Method] = {}
+        self._methods: dict[MethodSpec, Method] = {}  # as spelled; two spellings of a method share its stream
 
     @property
     def tokenizer(self):
         return self.session.tokenizer
 
     def method(self, method: str | MethodSpec) -> Method:
-        """The built Method for a name in the grammar of runtime.methods (or a parsed MethodSpec)."""
+        """The built Method for a name in the grammar of runtime.methods (or a parsed MethodSpec).
+
+        Built once per method: two spellings of one (spec:lookup+csv, spec:lookup+csv:screen) share
+        its stream, and so its drafter's session and draft budget; each keeps its own name."""
         spec = as_method_spec(method)
         if spec not in self._methods:
-            self._methods[spec] = build_method(self.session, spec)
+            same = replace(spec, text="")
+            built = next((m for m in self._methods.values() if replace(m.spec, text="") == same), None)
+            self._methods[spec] = build_method(self.session, spec) if built is None else replace(built, name=str(spec), spec=spec)
         return self._methods[spec]
 
     def default_method(self) -> MethodSpec:

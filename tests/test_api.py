@@ -27,6 +27,15 @@ def test_generate_streams_the_tokens_plain_decoding_gives(engine):
         assert list(run) == expected and run.stats.new_tokens == len(expected)
         assert run.text == engine.tokenizer.decode(expected, skip_special_tokens=True)
     assert engine.method("spec:layers:1") is engine.method("spec:layers:1")  # built once per name
+
+
+def test_two_spellings_of_a_method_share_its_stream_and_keep_their_names(engine):
+    short, long = engine.method("spec:lookup+csv"), engine.method("spec:lookup+csv:screen")
+    assert short.stream is long.stream  # one lookup session and one draft budget, not two
+    assert (short.name, long.name) == ("spec:lookup+csv", "spec:lookup+csv:screen")
+    assert engine.method("spec:lookup+csv") is short
+    run = engine.generate("w5 w9 w31 w5 w9", method="spec:lookup+csv:screen", max_new_tokens=8)
+    assert list(run) == list(engine.generate("w5 w9 w31 w5 w9", method="ar", max_new_tokens=8))
     assert str(engine.default_method()) == "spec:lookup+csv:screen"  # the tiny artifact has the int8 screen, no screen4
 
 
