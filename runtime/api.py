@@ -98,7 +98,7 @@ def load(artifact: str | Path, model: str | None = None, backend: str = "auto", 
 
 
 class Engine:
-    """A session plus the methods built on it (built once per method, whatever its spelling, reused across calls)."""
+    """A session plus the methods built on it (once per method, whatever its spelling; reused across calls)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
