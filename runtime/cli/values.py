@@ -69,7 +69,7 @@ class Integer(click.ParamType):
 
     def convert(self, value, param, ctx):
         text = str(value).strip()
-        number = int(text) if re.fullmatch(r"[+-]?\d+", text) else None
+        number = int(text) if re.fullmatch(r"[+-]?\d+", text, re.ASCII) else None  # \d alone takes '٣' too
         if number is None or number < self.low or (self.high is not None and number > self.high):
             self.fail(f"give an integer {_range_text(self.low, self.high, False)}{self.hint}, not {value!r}",
                       param, ctx)
@@ -88,10 +88,14 @@ class SamplingValue(click.ParamType):
 
     def convert(self, value, param, ctx):
         text = str(value).strip()
-        try:
-            number = int(text) if self.integer else float(text)
-        except ValueError:
-            number = text  # not a number: SamplingParams refuses it with the message it gives every bad value
+        # Not a number (nor digits such as '٣', which int() and float() also read): SamplingParams refuses
+        # the text with the message it gives every bad value.
+        number = text
+        if text.isascii():
+            try:
+                number = int(text) if self.integer else float(text)
+            except ValueError:
+                pass
         try:  # this field alone, sampling: how the options combine is checked once all are known (sampling_params)
             SamplingParams(**{"temperature": 1.0, self.field: number})
         except ValueError as e:

@@ -45,6 +45,9 @@ def generate(art: Path, *flags) -> list:
     (["--seed", str(2**64)], "give an integer in [0,"),
     (["--threads", "0"], "give an integer in [1,"),
     (["--threads", "100000"], "(the cores this process may use)"),
+    (["--threads", "\u0661"], "give an integer in [1,"),
+    (["--top-k", "\u0663"], "top_k must be an integer >= 0 (0 = off), got '\u0663'"),
+    (["--temperature", "\u0660.5"], "temperature must be a finite number >= 0"),
     (["--cluster-budget", "nan"], "give a finite number in (0, 1]"),
     (["--gamma", "9", "--method", "spec"], "give an integer in [1, 8]"),
     (["--stop", "\\x"], "bad escape '\\x'"),
@@ -52,6 +55,7 @@ def generate(art: Path, *flags) -> list:
     (["--stop", ""], "is empty"),
 ], ids=["temperature-nan", "temperature-inf", "temperature-negative", "top-p-0", "top-p-above-1", "top-k-negative", "top-k-fraction",
         "max-new-tokens-0", "max-new-tokens-negative", "epsilon-1", "seed-negative", "seed-overflow", "threads-0", "threads-above-cores",
+        "threads-arabic-indic-digit", "top-k-arabic-indic-digit", "temperature-arabic-indic-digit",
         "cluster-budget-nan", "gamma-above-max", "stop-bad-hex-escape", "stop-unknown-escape", "stop-empty"])
 def test_bad_generate_values(art: Path, flags: list[str], says: str):
     line = runtime_fails(generate(art, *flags), says, code=USAGE, unchanged=(art,))
