@@ -2,7 +2,8 @@
 
 The CLI parses text with its click types (runtime.cli.values); these check Python objects, where a
 bool passes isinstance(x, int) and nan slips past a range check written as `if x < 0: raise` (every
-comparison with it is false), so both are refused explicitly.
+comparison with it is false), so both are refused explicitly. is_digits is the one check of number
+text outside click: the method grammar's and prep's options.
 """
 
 from __future__ import annotations

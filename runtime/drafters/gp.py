@@ -16,9 +16,9 @@ import torch
 
 from artifacts import Artifact
 from artifacts.format import Stage
-from runtime.checks import is_digits
 from runtime.backends.layers import Projection
 from runtime.backends.target import DecoderTarget
+from runtime.checks import is_digits
 from runtime.drafters.layers import BackendDrafter
 
 # Linears that read the same input, by their path inside a decoder layer (llama, qwen2, gemma3).

@@ -110,17 +110,13 @@ inline void panel_dot(const Panels& p, int64_t panel, const Prepared* h, float* 
     simd::store_first(y + b * p.V + row, {_mm512_mul_ps(acc[b], _mm512_set1_ps(h[b].step))}, p.V - row);
 }
 
-template <bool Vnni, int N>
-void panels_range(const Panels& p, const Prepared* h, int64_t begin, int64_t end, float* y) {
-  for (int64_t i = begin; i < end; ++i) panel_dot<Vnni, N>(p, i, h, y);
-}
-
+// Panels begin .. end - 1 against `count` (<= N) prepared hidden rows in one pass.
 template <bool Vnni, int N>
 void panels_batch(int64_t count, const Panels& p, const Prepared* h, int64_t begin, int64_t end, float* y) {
   if constexpr (N > 1) {
     if (count < N) return panels_batch<Vnni, N - 1>(count, p, h, begin, end, y);
   }
-  panels_range<Vnni, N>(p, h, begin, end, y);
+  for (int64_t i = begin; i < end; ++i) panel_dot<Vnni, N>(p, i, h, y);
 }
 
 }  // namespace

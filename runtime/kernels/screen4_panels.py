@@ -72,7 +72,7 @@ def pack_screen4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, 
 
 def panel_bytes(dim: int, group: int, rank: int) -> int:
     """Bytes of one panel of 16 rows."""
-    return dim // group * _group_bytes(group) + 16 * rank + 64
+    return dim // group * _group_bytes(group) + PANEL_ROWS * rank + 64
 
 
 def _group_bytes(group: int) -> int:
