@@ -250,3 +250,19 @@ def test_real_qwen_exact_greedy_methods_share_ar_perplexity(qwen_session, no_cou
     assert 1 < reference < 50  # greedy code continuations are likely under their own model
     for name in ("csv:screen", "spec:ngram", "spec:int8"):
         assert rows[name]["identical_to_greedy"] == 1.0 and rows[name]["perplexity"] == reference
+
+
+def test_table_shows_identity_without_a_claim_apart() -> None:
+    """A method with no identity claim (llama.cpp, MJSD) shows how often its tokens equalled `ar`'s in its
+    own column, never as "identical to greedy"; a table of exact methods only has no such column."""
+    ar = {"method": "ar", "tokens_per_s": 10.0, "distribution_preserving": True, "identical_to_greedy": 1.0, "identical_to_ar": 1.0}
+    llama = {"method": "llamacpp", "tokens_per_s": 12.0, "distribution_preserving": False, "identical_to_greedy": None,
+             "identical_to_ar": 0.25}
+    lines = markdown_table([ar, llama]).splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    cells = {line.strip("|").split("|")[0].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
+    claimed, unclaimed = header.index("identical to greedy"), header.index("same tokens as ar (no claim)")
+    assert cells["ar"][claimed] == "100%" and cells["ar"][unclaimed] == "–"
+    assert cells["llamacpp [not distribution-preserving]"][claimed] == "–"
+    assert cells["llamacpp [not distribution-preserving]"][unclaimed] == "25%"
+    assert "same tokens as ar (no claim)" not in markdown_table([ar])

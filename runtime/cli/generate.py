@@ -46,7 +46,10 @@ def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_ve
                                "e.g. --method spec:ngram:gamma=6:adaptive+csv")
     elif text == "csv" and bound is not None:
         text = f"csv:{bound}"
-    spec = parse_method(text)
+    try:
+        spec = parse_method(text)
+    except ValueError as e:  # the option that wrote the name, as bench's --methods names its own
+        raise click.BadParameter(str(e), param_hint="'--drafter'" if drafter is not None else "'--method'") from None
     if not budgeted:
         return spec
     if spec.head != "csv:cluster":  # the options would be dropped without a word

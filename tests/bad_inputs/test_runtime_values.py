@@ -71,8 +71,13 @@ def test_bad_generate_values(art: Path, flags: list[str], says: str):
     ("csv+csv", "+csv applies to drafting methods"),
 ], ids=["gamma-not-int", "gamma-0", "layers-not-int", "dynaspec-k-not-int", "unknown-method", "csv-plus-csv"])
 def test_bad_method_names(art: Path, method: str, says: str):
-    line = runtime_fails(generate(art, "--method", method), says, unchanged=(art,))
-    assert "invalid literal" not in line
+    line = runtime_fails(generate(art, "--method", method), says, code=USAGE, unchanged=(art,))
+    assert "invalid literal" not in line and "'--method'" in line  # the option is named, as bench's --methods
+
+
+def test_bad_drafter_alias_names_its_option(art: Path):
+    line = runtime_fails(generate(art, "--method", "spec", "--drafter", "warp"), "unknown drafter", code=USAGE, unchanged=(art,))
+    assert "'--drafter'" in line
 
 
 def test_sampling_options_without_a_temperature(art: Path):
