@@ -48,6 +48,13 @@ def test_llamacpps_fastest_variant_gets_its_own_columns(tmp_path: Path):
     assert "llama.cpp's fastest" not in summary_markdown(paths[:1]) and "llama.cpp's fastest" in summary_markdown(paths)
 
 
+def test_llamacpp_variants_without_a_recorded_identity(tmp_path: Path):
+    """Rows without identical_to_ar (an older record) still summarize: the cell just has no share."""
+    rec = record()
+    rec["methods"] += [{"method": "llamacpp:lookup", "tokens_per_s": 18.0, "distribution_preserving": False}]
+    assert headline_row(rec)["llamacpp_fastest"] == "`llamacpp:lookup` 18.0"
+
+
 def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
     paths = []
     for name, rec in {"b.json": record("qwen", "sharegpt", 2, code="abc1234", cpu="AMD EPYC; avx512f"),
@@ -66,7 +73,16 @@ def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
     (json.dumps({"methods": []}), "not a runtime bench record"),
     (json.dumps({**record(), "methods": [{"method": "ar"}]}), "methods without method and tokens_per_s"),
     (json.dumps(record(temperature=0.7)), "was sampled (temperature 0.7)"),
-], ids=["not-json", "no-setup", "row-without-speed", "sampled"])
+    (json.dumps(record(peak_rss_mib="big")), 'setup.peak_rss_mib is "big", not a number'),
+    (json.dumps(record(peak_rss_mib=[1])), "setup.peak_rss_mib is [1], not a number"),
+    (json.dumps(record(threads="two")), 'setup.threads is "two", not an integer'),
+    (json.dumps(record(llamacpp_build=5)), "setup.llamacpp_build is 5, not text"),
+    (json.dumps({**record(), "methods": [row("ar", 20.0), row("llamacpp", 0.0, preserving=False)]}),
+     "llamacpp.tokens_per_s is 0.0, not a positive rate"),
+    (json.dumps({**record(), "methods": [row("ar", 20.0), {**row("llamacpp", 16.0, preserving=False), "identical_to_ar": "yes"}]}),
+     'llamacpp.identical_to_ar is "yes", not a number'),
+], ids=["not-json", "no-setup", "row-without-speed", "sampled", "rss-text", "rss-list", "threads-text", "build-number",
+        "zero-speed", "identity-text"])
 def test_a_file_that_is_not_a_greedy_bench_record_is_a_one_line_error(tmp_path: Path, content: str, fragment: str):
     path = tmp_path / "r.json"
     path.write_text(content)

@@ -29,8 +29,27 @@ VARIANT_COLUMNS = [
 ]
 
 
+# The record fields the summary reads, and their JSON types (each may be absent or null).
+_NUMBER = (int, float)
+SETUP_FIELDS = {"model": str, "prompts": str, "n": int, "max_new_tokens": int, "threads": int, "temperature": _NUMBER,
+                "peak_rss_mib": _NUMBER, "code": str, "cpu": str, "screen_kernel": str, "backend": str, "llamacpp_build": str}
+ROW_FIELDS = {"identical_to_ar": _NUMBER, "distribution_preserving": bool}
+
+
 class SummaryError(ValueError):
     """A file that is not a greedy `runtime bench` record."""
+
+
+def _wrong_field(values: dict, fields: dict, where: str) -> str | None:
+    """'<where>.<field> is <value>, not <type>' for the first field of the wrong JSON type, else None."""
+    for name, kinds in fields.items():
+        value = values.get(name)
+        wanted = kinds if isinstance(kinds, tuple) else (kinds,)
+        is_bool = isinstance(value, bool)
+        if value is not None and (not isinstance(value, wanted) or (is_bool and bool not in wanted)):
+            kind = "a number" if wanted == _NUMBER else {str: "text", int: "an integer", bool: "true or false"}[wanted[0]]
+            return f"{where}.{name} is {json.dumps(value)}, not {kind}"
+    return None
 
 
 def read_record(path: Path) -> dict:
@@ -41,10 +60,17 @@ def read_record(path: Path) -> dict:
         reason = exc.strerror if isinstance(exc, OSError) else "not JSON"
         raise SummaryError(f"{path} cannot be read ({reason}); give the --json output of runtime bench") from None
     rows_ok = isinstance(record, dict) and isinstance(record.get("methods"), list) and all(
-        isinstance(row, dict) and isinstance(row.get("method"), str) and isinstance(row.get("tokens_per_s"), (int, float))
-        for row in record["methods"])
+        isinstance(row, dict) and isinstance(row.get("method"), str) and isinstance(row.get("tokens_per_s"), _NUMBER)
+        and not isinstance(row["tokens_per_s"], bool) for row in record["methods"])
     if not (rows_ok and isinstance(record.get("setup"), dict)):
         raise SummaryError(f"{path} is not a runtime bench record (no setup, or methods without method and tokens_per_s); give the --json output of runtime bench")
+    problem = _wrong_field(record["setup"], SETUP_FIELDS, "setup") or next(
+        (p for row in record["methods"] if (p := _wrong_field(row, ROW_FIELDS, row["method"])) is not None), None)
+    slow = next((row for row in record["methods"] if not row["tokens_per_s"] > 0 or row["tokens_per_s"] == float("inf")), None)
+    if problem is None and slow is not None:
+        problem = f"{slow['method']}.tokens_per_s is {slow['tokens_per_s']}, not a positive rate"
+    if problem is not None:
+        raise SummaryError(f"{path}: {problem}; give the unedited --json output of runtime bench")
     if record["setup"].get("temperature", 0.0) != 0.0:
         raise SummaryError(f"{path} was sampled (temperature {record['setup']['temperature']}); the summary compares "
                            "greedy runs, whose tokens can be checked against ar: give runtime bench records without --temperature")
@@ -77,10 +103,15 @@ def headline_row(record: dict) -> dict:
         "exact_identical": f"{matched} of {len(exact)}",
         "llamacpp_identical": llama.get("identical_to_ar") if llama else None,
         "rss": setup["peak_rss_mib"] / 1024 if setup.get("peak_rss_mib") else None,
-        "llamacpp_fastest": (f"`{fastest['method']}` {fastest['tokens_per_s']:.1f} "
-                             f"({fastest['identical_to_ar']:.0%})") if fastest else None,
+        "llamacpp_fastest": _fastest_cell(fastest) if fastest else None,
         "best_vs_llamacpp_fastest": best["tokens_per_s"] / fastest["tokens_per_s"] if fastest and best else None,
     }
+
+
+def _fastest_cell(row: dict) -> str:
+    """'`llamacpp:lookup` 41.2 (58%)': llama.cpp's fastest row, and its identity to `ar` where recorded."""
+    identity = row.get("identical_to_ar")
+    return f"`{row['method']}` {row['tokens_per_s']:.1f}" + (f" ({identity:.0%})" if identity is not None else "")
 
 
 def summary_markdown(paths: list[Path]) -> str:
