@@ -26,6 +26,9 @@ from runtime.checks import is_number, require, require_count
 # The largest seed the runtime takes (the CLI's --seed and the API's seed=); torch.Generator.manual_seed
 # would also take up to 2**64 - 1, and negative seeds, which it wraps around.
 MAX_SEED = 2**63 - 1
+# The smallest temperature above 0 (greedy): logits / temperature must stay finite in float32, and
+# below this every sample is the argmax to float32 precision anyway.
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,9 @@ class SamplingParams:
     epsilon: float | None = None  # certified heads only: allow total variation <= epsilon
 
     def __post_init__(self) -> None:
-        require(is_number(self.temperature) and self.temperature >= 0, "temperature",
-                "a finite number >= 0 (0 = greedy)", self.temperature)
+        require(is_number(self.temperature) and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE), "temperature",
+                f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} (smaller ones overflow logits / temperature)",
+                self.temperature)
         require_count("top_k", self.top_k, 0, why=" (0 = off)")
         require(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a finite number in (0, 1] (1 = off)", self.top_p)
         require(self.epsilon is None or (is_number(self.epsilon) and 0 < self.epsilon < 1), "epsilon",

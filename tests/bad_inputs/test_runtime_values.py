@@ -31,9 +31,10 @@ def generate(art: Path, *flags) -> list:
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0 = greedy), got nan"),
-    (["--temperature", "inf"], "temperature must be a finite number >= 0"),
-    (["--temperature", "-0.5"], "a finite number >= 0 (0 = greedy), got -0.5"),
+    (["--temperature", "nan"], "temperature must be 0 (greedy) or a finite number >= 1e-06 (smaller ones overflow logits / temperature), got nan"),
+    (["--temperature", "inf"], "temperature must be 0 (greedy) or a finite number >= 1e-06"),
+    (["--temperature", "-0.5"], "0 (greedy) or a finite number >= 1e-06 (smaller ones overflow logits / temperature), got -0.5"),
+    (["--temperature", "1e-38"], "(smaller ones overflow logits / temperature), got 1e-38"),
     (["--top-p", "0"], "top_p must be a finite number in (0, 1] (1 = off)"),
     (["--top-p", "1.5"], "a finite number in (0, 1]"),
     (["--top-k", "-1"], "top_k must be an integer >= 0 (0 = off), got -1"),
@@ -47,13 +48,13 @@ def generate(art: Path, *flags) -> list:
     (["--threads", "100000"], "(the cores this process may use)"),
     (["--threads", "\u0661"], "give an integer in [1,"),
     (["--top-k", "\u0663"], "top_k must be an integer >= 0 (0 = off), got '\u0663'"),
-    (["--temperature", "\u0660.5"], "temperature must be a finite number >= 0"),
+    (["--temperature", "\u0660.5"], "temperature must be 0 (greedy) or a finite number >= 1e-06"),
     (["--cluster-budget", "nan"], "give a finite number in (0, 1]"),
     (["--gamma", "9", "--method", "spec"], "give an integer in [1, 8]"),
     (["--stop", "\\x"], "bad escape '\\x'"),
     (["--stop", "end\\q"], "allowed escapes"),
     (["--stop", ""], "is empty"),
-], ids=["temperature-nan", "temperature-inf", "temperature-negative", "top-p-0", "top-p-above-1", "top-k-negative", "top-k-fraction",
+], ids=["temperature-nan", "temperature-inf", "temperature-negative", "temperature-tiny", "top-p-0", "top-p-above-1", "top-k-negative", "top-k-fraction",
         "max-new-tokens-0", "max-new-tokens-negative", "epsilon-1", "seed-negative", "seed-overflow", "threads-0", "threads-above-cores",
         "threads-arabic-indic-digit", "top-k-arabic-indic-digit", "temperature-arabic-indic-digit",
         "cluster-budget-nan", "gamma-above-max", "stop-bad-hex-escape", "stop-unknown-escape", "stop-empty"])
