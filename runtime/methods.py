@@ -67,8 +67,13 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """A comma-separated list of method names, each parsed, none named twice (check_distinct)."""
-    return check_distinct([parse_method(part) for part in text.split(",") if part.strip()])
+    """A comma-separated list of method names, each parsed, none named twice (check_distinct) and none
+    left empty (a stray comma may stand where a name was meant)."""
+    parts = text.split(",")
+    if any(not part.strip() for part in parts) and any(part.strip() for part in parts):
+        raise ValueError(f"{text!r} has an empty name between commas; list the methods with one comma between "
+                         "each, e.g. ar,csv:screen")
+    return check_distinct([parse_method(part) for part in parts if part.strip()])
 
 
 def check_distinct(specs: list[MethodSpec]) -> list[MethodSpec]:

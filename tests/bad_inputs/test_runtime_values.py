@@ -157,6 +157,8 @@ def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str)
     (["-n", "-1"], "give an integer >= 1"),
     (["--prompts", "nothing-here.json"], "neither humaneval nor sharegpt nor an existing file"),
     (["--methods", ","], "names no method"),
+    (["--methods", "ar,,csv"], "has an empty name between commas"),
+    (["--methods", "ar,"], "has an empty name between commas"),
     (["--methods", "ar,spec:ngram:gamma=x"], "gamma takes an integer"),
     (["--methods", "ar,spec:ngram,spec:ngram"], "'spec:ngram' is listed twice; list each method once"),
     (["--methods", "ar,csv,csv:screen"], "'csv:screen' names the same method as 'csv'"),
@@ -165,7 +167,7 @@ def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str)
     (["--json", "."], "it is a directory; give a file path"),
     (["--json", ""], "it is a directory; give a file path"),
     (["--json", "run.md"], "the .md output goes beside the JSON and would replace it"),
-], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-bad-gamma", "methods-twice",
+], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-empty-item", "methods-trailing-comma", "methods-bad-gamma", "methods-twice",
         "methods-same-twice", "option-twice", "own-option-twice", "json-dot", "json-empty", "json-named-like-its-table"])
 def test_bad_bench_values(art: Path, tmp_path: Path, flags: list[str], says: str):
     runtime_fails(bench(art, tmp_path, *flags), says, code=USAGE, unchanged=(art,))
