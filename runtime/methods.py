@@ -149,6 +149,9 @@ def _spec(args: list[str], head: str | None, name: str = "spec") -> MethodSpec:
         alone = ", ".join(n for n, e in DRAFTERS.items() if e.alone)
         raise ValueError(f"no-verifier (generate --no-verifier) decodes with the drafter's own backend alone; the {drafter.name} drafter has "
                          f"none (drafters that do: {alone}), e.g. spec:gp:256:no-verifier")
+    if not loop.get("verifier", True) and head is not None:  # no target forward: no head to verify with
+        raise ValueError(f"no-verifier decodes with the drafter alone, so a +csv head would verify nothing; drop the +csv "
+                         f"suffix, e.g. spec:{drafter.name}:no-verifier")
     return MethodSpec(name, head=head or "full", drafter=drafter, **loop)
 
 

@@ -70,7 +70,8 @@ def test_bad_generate_values(art: Path, flags: list[str], says: str):
     ("dynaspec:int8:k=abc", "k takes an integer >= 1"),
     ("warp", "unknown method 'warp'"),
     ("csv+csv", "+csv applies to drafting methods"),
-], ids=["gamma-not-int", "gamma-0", "layers-not-int", "dynaspec-k-not-int", "unknown-method", "csv-plus-csv"])
+    ("spec:int8:no-verifier+csv", "a +csv head would verify nothing; drop the +csv suffix"),
+], ids=["gamma-not-int", "gamma-0", "layers-not-int", "dynaspec-k-not-int", "unknown-method", "csv-plus-csv", "no-verifier-plus-csv"])
 def test_bad_method_names(art: Path, method: str, says: str):
     line = runtime_fails(generate(art, "--method", method), says, code=USAGE, unchanged=(art,))
     assert "invalid literal" not in line and "'--method'" in line  # the option is named, as bench's --methods
