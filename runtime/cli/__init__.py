@@ -105,6 +105,13 @@ min_response_option = click.option(
     help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
 
 
+def check_min_response(chat: bool) -> None:
+    """Refuse --min-response-tokens given without --chat, which would ignore it."""
+    source = click.get_current_context().get_parameter_source("min_response_tokens")
+    if not chat and source is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--min-response-tokens applies with --chat (the response's first tokens); add --chat or drop it")
+
+
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Decode with specvocab artifacts, benchmark methods, inspect artifacts.
@@ -120,4 +127,4 @@ def main() -> None:
 
 from runtime.cli import bench, generate, inspect_command  # noqa: E402,F401  (the commands register on `main`)
 
-__all__ = ["OneLineGroup", "clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]
+__all__ = ["OneLineGroup", "check_min_response", "clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]

@@ -11,7 +11,7 @@ import torch
 from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.checks import is_digits
-from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.method_spec import BOUNDS
 from runtime.methods import methods_help
@@ -50,6 +50,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     from runtime.data import load_prompts
 
     # Every cheap check before the model loads (the options' types did the rest).
+    check_min_response(chat)
     values.refuse_replacing(report_paths(json_path), force)
     params = sampling_params(temperature, top_k, top_p, epsilon)
     api.check_sampling(params, specs)

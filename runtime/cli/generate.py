@@ -8,7 +8,7 @@ from dataclasses import replace
 import click
 import torch
 
-from runtime.cli import clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
 from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
 from runtime.speculative import MAX_GAMMA
@@ -108,6 +108,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
 
     # Every cheap check before the model loads.
     text = _prompt_text(prompt, prompt_file)
+    check_min_response(chat)
     params = sampling_params(temperature, top_k, top_p, epsilon)
     spec = method_from_flags(method, bound, drafter, gamma, adaptive, no_verifier, target_head, cluster_budget,
                              adaptive_budget)

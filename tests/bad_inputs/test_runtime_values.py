@@ -214,3 +214,11 @@ def test_bench_verify_json_that_is_a_directory(art: Path, tmp_path: Path):
     "kernels-prompt-empty", "kernels-threads"])
 def test_bad_bench_verify_and_kernels_values(art: Path, command: str, flags: list[str], says: str):
     runtime_fails([command, art, *flags], says, code=USAGE, unchanged=(art,))
+
+
+def test_min_response_tokens_without_chat_is_refused(art: Path, tmp_path: Path):
+    """It applies to a chat response's first tokens; without --chat it would be ignored without a word."""
+    runtime_fails(generate(art, "--min-response-tokens", "5"), "--min-response-tokens applies with --chat", code=USAGE,
+                  unchanged=(art,))
+    runtime_fails(bench(art, tmp_path, "--min-response-tokens", "0"), "add --chat or drop it", code=USAGE, unchanged=(art,))
+    assert not (tmp_path / "out").exists()
