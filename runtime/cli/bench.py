@@ -174,7 +174,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
 @click.argument("artifact", type=click.Path())
 @click.option("--head", "head_kind", type=click.Choice(["full", "csv"]), default="full", show_default=True,
               help="Head the greedy verifier selects with on the n rows (csv: certified, bound from --bound).")
-@click.option("--bound", type=click.Choice(BOUNDS), default="screen", show_default=True)
+@click.option("--bound", type=click.Choice(BOUNDS), default=None, help="With --head csv: its bound (default screen).")
 @click.option("--prompts", "prompt_source", type=values.PromptSource(), default="humaneval", show_default=True,
               help="Text the tokens come from: humaneval, sharegpt, or a JSON file of [{\"text\": ...}].")
 @click.option("--context", type=values.COUNT, default=180, show_default=True,
@@ -205,6 +205,9 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     from runtime.bench.verify_cost import best_gamma, tree_verify_cost, verify_cost
     from runtime.data import load_prompts
 
+    if bound is not None and head_kind != "csv":  # the full head has no bound: it would be ignored
+        raise click.UsageError(f"--bound goes with --head csv (the certified head's bound); add --head csv or drop --bound {bound}")
+    bound = bound or "screen"
     sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if is_digits(n.strip()) and 1 <= int(n) <= 64)
     if trees != "none" and (not sizes or len(sizes) != len(trees.split(","))):
         raise click.BadParameter(f"node counts in 1..64 separated by commas, or none; not {trees!r}", param_hint="--trees")

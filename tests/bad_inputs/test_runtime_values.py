@@ -222,3 +222,7 @@ def test_min_response_tokens_without_chat_is_refused(art: Path, tmp_path: Path):
                   unchanged=(art,))
     runtime_fails(bench(art, tmp_path, "--min-response-tokens", "0"), "add --chat or drop it", code=USAGE, unchanged=(art,))
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_verify_bound_without_the_certified_head_is_refused(art: Path):
+    runtime_fails(["bench-verify", art, "--bound", "cluster"], "--bound goes with --head csv", code=USAGE, unchanged=(art,))
