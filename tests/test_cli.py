@@ -314,3 +314,11 @@ def test_a_bare_command_shows_its_help(command):
 def test_generate_on_a_missing_artifact_is_a_clean_error(tmp_path: Path):
     result = invoke(runtime_main, ["generate", tmp_path / "nowhere", "--prompt", "hi", "--max-new-tokens", 2])
     assert_clean_error(result)
+
+
+def test_bench_screen_says_when_the_prompts_hold_fewer_positions(artifact: Path, tmp_path: Path):
+    """Fewer hidden states than --positions: screened anyway, with a note saying how many (as bench's -n)."""
+    prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w9 w31"}])
+    result = invoke(runtime_main, ["bench-screen", artifact, "--prompts", prompts, "--positions", 500, "--formats", "q4_0"])
+    assert result.exit_code == 0, result.output
+    assert "fewer than --positions 500; screening those" in result.stderr and "| q4_0 |" in result.stdout

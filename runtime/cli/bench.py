@@ -139,6 +139,9 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     unknown = [f for f in chosen if f not in SCREEN_FORMATS]
     if unknown:
         raise click.BadParameter(f"unknown format {unknown[0]!r}; choose from {', '.join(SCREEN_FORMATS)}", param_hint="--formats")
+    twice = next((f for i, f in enumerate(chosen) if f in chosen[:i]), None)
+    if twice is not None:
+        raise click.BadParameter(f"{twice!r} is listed twice; list each format once", param_hint="--formats")
     values.refuse_replacing([json_path], force)
     engine = api.load(artifact, backend=backend)
     target = engine.session.target
@@ -149,6 +152,9 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
         if sum(h.shape[0] for h in hidden) >= positions:
             break
     hidden = torch.cat(hidden)[:positions].float()  # [B, d]
+    if hidden.shape[0] < positions:
+        click.echo(f"note: {prompt_source} holds {hidden.shape[0]} positions (the first 256 tokens of each of up to 256 "
+                   f"texts), fewer than --positions {positions}; screening those", err=True)
     head = target.head_weight  # [V, d]
     rows = candidate_fractions(dequantize(head), hidden, chosen)
     exact_bytes = head.data.shape[1] / head.cols if isinstance(head, QuantMatrix) else head.element_size()

@@ -226,3 +226,7 @@ def test_min_response_tokens_without_chat_is_refused(art: Path, tmp_path: Path):
 
 def test_bench_verify_bound_without_the_certified_head_is_refused(art: Path):
     runtime_fails(["bench-verify", art, "--bound", "cluster"], "--bound goes with --head csv", code=USAGE, unchanged=(art,))
+
+
+def test_bench_screen_format_listed_twice_is_refused(art: Path):
+    runtime_fails(["bench-screen", art, "--formats", "q4_0,q4_0"], "'q4_0' is listed twice", code=USAGE, unchanged=(art,))
