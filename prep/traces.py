@@ -35,6 +35,7 @@ from prep.trace_files import (INDEX_FILE, TRACES_FORMAT, read_index, remove_unli
 from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
                           sharegpt_conversations, split_of, split_of_text)
 from runtime.backends.hf import TransformersTarget
+from runtime.checks import is_digits
 
 TOP_TOKENS = 8
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
@@ -43,11 +44,13 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 def parse_layers(value) -> tuple[int, ...]:
     """Drafter depths from a recipe or flag value: 16, "15,16", or 0 / "" for none."""
     text = str(value).strip()
-    try:
-        layers = tuple(int(n) for n in text.split(",") if n.strip())
-    except ValueError:
-        raise ValueError(f"drafter layers must be integers such as 16 or 15,16, got {value!r}") from None
-    return tuple(n for n in layers if n != 0)
+    if text in ("", "0"):
+        return ()
+    parts = [n.strip() for n in text.split(",")]
+    layers = tuple(int(n) for n in parts) if all(is_digits(n) for n in parts) else None
+    if layers is None or 0 in layers or len(set(layers)) < len(layers):
+        raise ValueError(f"drafter layers must be distinct depths >= 1 such as 16 or 15,16 (or 0 alone for none), got {value!r}")
+    return layers
 
 
 def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:

@@ -59,3 +59,11 @@ def test_a_rerun_with_the_same_parameters_changes_nothing(art: Path, tiny_model:
     result = CliRunner().invoke(main, ["cluster", str(tiny_model), "-o", str(art), *TINY_CLUSTERS])
     assert result.exit_code == 0 and "already built with these parameters, kept" in result.output
     assert snapshot(art) == before
+
+
+@pytest.mark.parametrize("layers", ["4,4", "4,", "0,4", "-3", "\u0664"], ids=["twice", "trailing-comma", "zero-in-list", "negative",
+                                                                          "non-ascii-digit"])
+def test_bad_drafter_layers(tmp_path: Path, tiny_model: Path, layers: str):
+    """prep traces --drafter-layers: distinct depths >= 1 in ASCII digits, or 0 alone; refused before any trace."""
+    prep_fails(["traces", tiny_model, "-o", tmp_path / "traces", "--drafter-layers", layers], "drafter layers must be distinct depths")
+    assert not (tmp_path / "traces").exists()
