@@ -9,8 +9,11 @@ import click
 from runtime.cli import OneLineGroup
 from runtime.cli import clean_errors as runtime_clean_errors
 from runtime.cli.values import Integer
+from runtime.models import DEFAULT_MODEL
 
 SEED = Integer(0, 2**32 - 1)  # the seeds numpy, faiss and Lightning take
+# The MODEL argument in usage lines: a packaged name, a model directory or a .gguf file, the default when left out.
+MODEL_ARGUMENT = f"[MODEL (default {DEFAULT_MODEL})]"
 
 
 STAGES_KEPT = "stages already written are kept: rerun the same command to finish"
