@@ -111,11 +111,19 @@ class ModelInfo:
             name=_field(d, ModelKey.NAME, str),
             source=ModelSource.from_json(d.get(ModelKey.SOURCE)),
             architecture=_field(d, ModelKey.ARCHITECTURE, str),
-            vocab_size=_field(d, ModelKey.VOCAB_SIZE, int),
-            hidden_size=_field(d, ModelKey.HIDDEN_SIZE, int),
+            vocab_size=_size(d, ModelKey.VOCAB_SIZE),
+            hidden_size=_size(d, ModelKey.HIDDEN_SIZE),
             lm_head_sha256=_field(fingerprint, FingerprintKey.LM_HEAD_SHA256, str),
             vocab_sha256=_field(fingerprint, FingerprintKey.VOCAB_SHA256, str),
         )
+
+
+def _size(d: Any, key: str) -> int:
+    """Return d[key] if it is an integer >= 1 (a vocabulary or hidden size), else raise ValueError."""
+    value = _field(d, key, int)
+    if value < 1:
+        raise ValueError(f"field {key!r} should be a size >= 1, got {value!r}")
+    return value
 
 
 def _field(d: Any, key: str, kind: type) -> Any:

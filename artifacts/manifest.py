@@ -171,8 +171,10 @@ def read_manifest(path: Path) -> Manifest:
     if not isinstance(data, dict) or ManifestKey.FORMAT_VERSION not in data:
         raise NotAnArtifact(path, f"{MANIFEST_FILE} has no {ManifestKey.FORMAT_VERSION}", damaged=True)
     version = data[ManifestKey.FORMAT_VERSION]
+    if type(version) is not int:  # no version of specvocab writes one that is not an integer
+        raise NotAnArtifact(path, f"{MANIFEST_FILE} has format_version {version!r}, not an integer", damaged=True)
     # Checked before anything else: another version may lay out the rest differently.
-    if type(version) is not int or version not in READABLE_VERSIONS:
+    if version not in READABLE_VERSIONS:
         raise UnknownFormatVersion(path, version)
     try:
         return Manifest.from_json(data)

@@ -145,13 +145,35 @@ def test_fingerprints_fold_in_dtype_shape_and_values() -> None:
     assert vocab_sha256({"a": 0, "b": 1}) != vocab_sha256({"a": 1, "b": 0})
 
 
-@pytest.mark.parametrize("version", [3, 0, "1", True])
+@pytest.mark.parametrize("version", [3, 0])
 def test_unknown_format_version(art: Artifact, version: object) -> None:
     manifest = art.path / MANIFEST_FILE
     data = json.loads(manifest.read_text())
     data["format_version"] = version
     manifest.write_text(json.dumps(data))
     with pytest.raises(UnknownFormatVersion, match="upgrade specvocab or rebuild"):
+        Artifact.open(art.path)
+
+
+@pytest.mark.parametrize("version", ["1", True, 2.0])
+def test_a_format_version_that_is_no_integer_is_damage(art: Artifact, version: object) -> None:
+    """No specvocab writes one: the file was damaged or edited, and a newer specvocab would not help."""
+    manifest = art.path / MANIFEST_FILE
+    data = json.loads(manifest.read_text())
+    data["format_version"] = version
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(NotAnArtifact, match=f"format_version {version!r}, not an integer") as caught:
+        Artifact.open(art.path)
+    assert "upgrade" not in str(caught.value)
+
+
+@pytest.mark.parametrize("field, value", [("vocab_size", -1), ("hidden_size", 0)])
+def test_a_model_size_below_one_is_damage(art: Artifact, field: str, value: int) -> None:
+    manifest = art.path / MANIFEST_FILE
+    data = json.loads(manifest.read_text())
+    data["model"][field] = value
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(NotAnArtifact, match=f"field '{field}' should be a size >= 1, got {value}"):
         Artifact.open(art.path)
 
 
