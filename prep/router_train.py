@@ -38,9 +38,9 @@ def hidden_key(hidden: str) -> str:
     if hidden == "final":
         return "hidden"
     kind, _, n = hidden.partition(":")
-    if kind != "layers" or not is_digits(n):
-        raise ValueError(f"--hidden must be 'final' or 'layers:N', got {hidden!r}")
-    return f"hidden_layers_{n}"
+    if kind != "layers" or not is_digits(n) or int(n) < 1:
+        raise ValueError(f"--hidden must be 'final' or 'layers:N' with N >= 1, got {hidden!r}")
+    return f"hidden_layers_{int(n)}"
 
 
 def default_hidden(index: dict) -> str:

@@ -84,12 +84,14 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     prep train-router art/g270 --traces traces/g270 --loss multilabel --work-dir runs/ml --force
     prep train-router art/g270 --traces traces/g270 --devices 2 --precision bf16-mixed
     """
-    from prep.router_train import RouterConfig, train_router
+    from prep.router_train import RouterConfig, hidden_key, train_router
     from prep.router_trainer import lightning_flags
     from prep.trace_files import traces_of
     from runtime.session import open_session
 
     flags = lightning_flags(devices, accelerator, precision, strategy)
+    if hidden is not None:
+        hidden_key(hidden)  # its form, before the model loads (whether the traces hold it: after)
     with stages.adding_stage(artifact, Stage.ROUTER, force) as art:
         traces_of(traces_dir, art.model.name, art.model.vocab_size)
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights

@@ -346,3 +346,10 @@ def test_prep_all_refuses_traces_in_the_artifacts_own_folder(tmp_path: Path, tin
     prep_fails(["all", tiny_model, "-o", out, "--with-router", "--traces", out], "is the artifact's own folder (-o)",
                "--traces traces/art", code=2)
     assert not out.exists()  # refused before any stage was built
+
+
+@pytest.mark.parametrize("hidden", ["layers:0", "layers:x", "middle"])
+def test_bad_router_hidden_before_any_work(art: Path, tmp_path: Path, hidden: str):
+    """--hidden's form is checked before the model loads and k-means runs."""
+    prep_fails(["train-router", art, "--traces", tmp_path, "--hidden", hidden], "--hidden must be 'final' or 'layers:N' with N >= 1",
+               unchanged=(art,))
