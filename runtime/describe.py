@@ -31,9 +31,13 @@ def describe_artifact(path: Path | str, model_info: ModelInfo | None = None) -> 
             f"not {model_info.name} ({model_info.fingerprint_prefix})"
         )
     valid = not problems
+    checked = []  # the line that says --check-model compared the fingerprints, when they match
+    if model_info is not None and same_model(artifact.model, model_info):
+        checked.append(f"model check: {model_info.name} matches its fingerprint ({model_info.fingerprint_prefix})")
     lines = [
         f"artifact: {artifact.path}",
         *_header_lines(artifact),
+        *checked,
         *stage_lines,
         *(f"problem: {p}" for p in problems),
         f"valid: {'yes' if valid else 'no'}",

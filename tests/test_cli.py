@@ -91,7 +91,8 @@ def test_inspect_shows_both_stages(artifact: Path):
 def test_inspect_check_model_accepts_the_right_model(artifact: Path):
     result = invoke(runtime_main, ["inspect", artifact, "--check-model"])
     assert result.exit_code == 0, result.output
-    assert "valid: yes" in result.output
+    assert "valid: yes" in result.output and "model check: " in result.output and "matches its fingerprint" in result.output
+    assert "model check" not in invoke(runtime_main, ["inspect", artifact]).output  # nothing compared: nothing claimed
 
 
 def corrupt(path: Path) -> None:
