@@ -61,10 +61,10 @@ def check_rank(rank: int, hidden_size: int) -> int:
 def trace_texts(traces_dir: str | Path, model_name: str, vocab_size: int, max_tokens: int) -> list[torch.Tensor]:
     """The token ids of the traces' texts [T_i], in order, until `max_tokens` tokens."""
     texts, total = [], 0
-    for name in complete_shards(traces_of(traces_dir, model_name, vocab_size)):
+    for entry in complete_shards(traces_of(traces_dir, model_name, vocab_size)):
         if total >= max_tokens:
             break
-        shard = shard_tensors(traces_dir, name, ["input_ids", "doc"])
+        shard = shard_tensors(traces_dir, entry, ["input_ids", "doc"])
         ids, doc = shard["input_ids"].long(), shard["doc"]
         starts = torch.cat([torch.tensor([0]), torch.nonzero(doc[1:] != doc[:-1]).flatten() + 1, torch.tensor([len(doc)])])
         for start, end in zip(starts[:-1].tolist(), starts[1:].tolist()):

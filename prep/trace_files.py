@@ -1,8 +1,8 @@
 """A traces folder on disk (prep traces' output): its index, its shards, and the one run that may write it.
 
 Every reader goes through `read_index` and `shard_tensors`, so a damaged folder (an index that is
-not JSON or not of the index's shape, a shard file missing or truncated) is refused in one line
-naming the file and the fix. `writing_traces` refuses a folder that cannot hold traces (a file, a
+not JSON or not of the index's shape, a shard file missing, truncated or failing the sha256 its
+index entry records) is refused in one line naming the file and the fix. `writing_traces` refuses a folder that cannot hold traces (a file, a
 specvocab artifact) and holds the folder's writer lock, so two traces runs never write one folder.
 """
 
@@ -19,6 +19,7 @@ import torch
 
 from artifacts.atomic import atomic_write
 from artifacts.format import MANIFEST_FILE
+from artifacts.manifest import FileRecord, file_problem, file_record
 from prep.folders import locked_folder
 from runtime.data import SPLITS
 
@@ -64,6 +65,8 @@ def _index_problem(index) -> str | None:
         isinstance(e, dict) and isinstance(e.get("file"), str) and SHARD_NAME.fullmatch(e["file"]) for e in shards
     ):
         return 'its "shards" are not a list of {"file": "shard-NNNNN.safetensors", ...} entries'
+    if not all(isinstance(e.get("sha256", ""), str) and type(e.get("bytes", 0)) is int for e in shards):
+        return "a shard's sha256 is not text or its bytes not an integer"
     return None
 
 
@@ -80,14 +83,38 @@ def write_index(out: Path, index: dict) -> None:
     atomic_write(out / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
 
 
-def complete_shards(index: dict) -> list[str]:
-    """The file names of the index's complete shards, in order."""
-    return [e["file"] for e in index["shards"] if e.get("complete")]
+def complete_shards(index: dict) -> list[dict]:
+    """The index entries of its complete shards, in order."""
+    return [e for e in index["shards"] if e.get("complete")]
 
 
-def shard_tensors(out: str | Path, name: str, keys: list[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of one shard; ValueError naming the fix when the file is missing, damaged or lacks one."""
-    path = Path(out) / name
+# The fields of a shard's index entry that record its file: a checksum and a size (entries written
+# before them have neither, and their files are read unchecked).
+CHECKSUM_FIELDS = ("sha256", "bytes")
+
+
+def shard_checksum(path: Path) -> dict:
+    """The CHECKSUM_FIELDS of a written shard file, for its index entry."""
+    record = file_record(path)
+    return {"sha256": record.sha256, "bytes": record.size}
+
+
+def shard_problem(path: Path, entry: dict) -> str | None:
+    """What is wrong with a shard file against its index entry (missing, or another sha256 or size), or None."""
+    if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("bytes"), int):
+        return None if path.is_file() else f"{path.name} is missing"
+    return file_problem(path, FileRecord(sha256=entry["sha256"], size=entry["bytes"]))
+
+
+def shard_tensors(out: str | Path, entry: dict, keys: list[str]) -> dict[str, torch.Tensor]:
+    """The named tensors of one shard (its index entry); ValueError naming the fix when the file is missing,
+    damaged (its recorded sha256 included) or lacks one."""
+    path = Path(out) / entry["file"]
+    problem = shard_problem(path, entry)
+    if problem is not None:
+        what = "missing" if not path.is_file() else f"damaged ({problem})"
+        raise ValueError(f"{path} is {what}; rerun the prep traces command that wrote {out} "
+                         f"(it redoes missing and damaged shards), or delete {out}")
     try:
         with safetensors.safe_open(str(path), framework="pt") as shard:
             missing = [k for k in keys if k not in shard.keys()]
@@ -101,8 +128,11 @@ def shard_tensors(out: str | Path, name: str, keys: list[str]) -> dict[str, torc
                          f"(it redoes missing and damaged shards), or delete {out}") from None
 
 
-def shard_intact(path: Path) -> bool:
-    """Whether a shard file exists and its header covers the file (a truncated one's does not)."""
+def shard_intact(path: Path, entry: dict) -> bool:
+    """Whether a shard file matches its index entry's checksum (where recorded) and its header covers the
+    file (a truncated one's does not)."""
+    if shard_problem(path, entry) is not None:
+        return False
     try:
         with safetensors.safe_open(str(path), framework="pt"):
             return True
@@ -113,10 +143,10 @@ def shard_intact(path: Path) -> bool:
 def load_traces(out: str | Path, keys: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
     """The index and the named tensors of every complete shard, concatenated (other tensors are not read)."""
     index = read_index(out)
-    files = complete_shards(index)
-    if not files:
+    entries = complete_shards(index)
+    if not entries:
         raise ValueError(f"{out} has no complete shard; rerun prep traces to finish it")
-    parts = [shard_tensors(out, name, keys) for name in files]
+    parts = [shard_tensors(out, entry, keys) for entry in entries]
     return index, {k: torch.cat([p[k] for p in parts]) for k in keys}
 
 

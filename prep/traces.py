@@ -30,8 +30,8 @@ import torch
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
-from prep.trace_files import (INDEX_FILE, TRACES_FORMAT, read_index, remove_unlisted_shards, shard_intact, shard_name,
-                              write_index, writing_traces)
+from prep.trace_files import (CHECKSUM_FIELDS, INDEX_FILE, TRACES_FORMAT, read_index, remove_unlisted_shards, shard_checksum,
+                              shard_intact, shard_name, write_index, writing_traces)
 from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
                           sharegpt_conversations, split_of, split_of_text)
 from runtime.backends.hf import TransformersTarget
@@ -243,18 +243,23 @@ def build_traces(
         same = previous is not None and not changed_settings(previous, settings)
         done = {e["file"]: e for e in previous["shards"] if e.get("complete")} if same else {}
         index = {**settings, "shards": []}
+
+        # The intact shards already written to their plans (checked once: a shard's sha256 reads the file).
+        kept = {p.name: e for p in plans if (e := done.get(p.name)) is not None and _planned(e) == p.entry()
+                and shard_intact(out / p.name, e)}
         with tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress,
                   file=sys.stderr) as bar:
             for position, plan in enumerate(plans):
-                entry = plan.entry()
-                if done.get(plan.name) == entry and shard_intact(out / plan.name):
+                entry = kept.get(plan.name)
+                if entry is not None:
                     bar.update(plan.tokens)
                 else:
                     if (out / INDEX_FILE).exists():  # no index may list a shard while it is rewritten; later kept ones stay
-                        later = [done[p.name] for p in plans[position + 1:] if done.get(p.name) == p.entry()]
+                        later = [kept[p.name] for p in plans[position + 1:] if p.name in kept]
                         write_index(out, {**index, "shards": index["shards"] + later})
                     tensors = run_shard(target, plan, settings["drafter_layers"], bar)
                     atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp)))
+                    entry = {**plan.entry(), **shard_checksum(out / plan.name)}
                 index["shards"].append(entry)
                 write_index(out, index)  # after every shard, so an interrupted run resumes here
         remove_unlisted_shards(out, index)
@@ -279,6 +284,11 @@ def check_rerun(previous: dict, settings: dict, plans: list[ShardPlan], out: Pat
 def changed_settings(previous: dict, settings: dict) -> list[str]:
     """The settings a rerun changes, the token budget aside (a shard whose texts stay the same is kept under any)."""
     return [k for k, v in settings.items() if k != "max_tokens" and previous.get(k) != v]
+
+
+def _planned(entry: dict) -> dict:
+    """A shard's index entry without its file's checksum: what its plan decides."""
+    return {k: v for k, v in entry.items() if k not in CHECKSUM_FIELDS}
 
 
 def _kept_or_grown(old: dict, new: dict | None) -> bool:

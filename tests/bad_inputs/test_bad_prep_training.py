@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from artifacts import Artifact
 from bad_helpers import prep_fails
 from prep.cli import main as prep_main
-from prep.trace_files import INDEX_FILE, SHARD_NAME
+from prep.trace_files import INDEX_FILE, SHARD_NAME, shard_checksum
 
 TRACES = ["--shard-tokens", 400, "--max-tokens", 2500]
 ROUTER = ["--clusters", 8, "--max-steps", 3, "--width", 16, "--batch-size", 64, "--accelerator", "cpu"]
@@ -65,6 +65,22 @@ def test_a_truncated_shard_is_named_and_a_rerun_redoes_it(tr: Path, art: Path, t
     prep_fails(["bake-onedecode", art, "--traces", tr], f"{shard} is damaged", "rerun the prep traces command",
                unchanged=(art,))
     prep_fails(["gp-basis", art, "--traces", tr], f"{shard} is damaged", unchanged=(art,))
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES])
+    assert shard.read_bytes() == whole
+
+
+def test_a_shard_that_fails_its_checksum_is_named_and_a_rerun_redoes_it(tr: Path, art: Path, tiny_model: Path, corpus: Path):
+    """A byte changed inside a shard's tensor data (its header, and so safetensors, still fine): the sha256 its
+    index entry records refuses it in every reader, and the same prep traces command writes it again."""
+    shard = tr / "shard-00002.safetensors"
+    whole = shard.read_bytes()
+    assert json.loads((tr / INDEX_FILE).read_text())["shards"][2]["bytes"] == len(whole)
+    damaged = bytearray(whole)
+    damaged[-5] ^= 0x55  # the last tensor's data
+    shard.write_bytes(bytes(damaged))
+    for args in (["bake-onedecode", art, "--traces", tr], ["gp-basis", art, "--traces", tr]):
+        prep_fails(args, f"{shard} is damaged (shard-00002.safetensors fails its sha256 checksum)",
+                   "rerun the prep traces command", unchanged=(art,))
     prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", tr, *TRACES])
     assert shard.read_bytes() == whole
 
@@ -216,10 +232,13 @@ def test_a_traces_folder_another_run_writes_is_refused(tr: Path, tiny_model: Pat
 
 def test_traces_without_a_train_split_bake_no_table(tr: Path, art: Path):
     prep_ok(["bake-onedecode", art, "--traces", tr])  # a good table, which --force must not replace by an empty one
-    for name in shard_files(tr):
-        tensors = safetensors.torch.load_file(str(tr / name))
+    index = json.loads((tr / INDEX_FILE).read_text())
+    for entry in index["shards"]:
+        tensors = safetensors.torch.load_file(str(tr / entry["file"]))
         tensors["split"] = torch.full_like(tensors["split"], 2)  # all held out
-        safetensors.torch.save_file(tensors, str(tr / name))
+        safetensors.torch.save_file(tensors, str(tr / entry["file"]))
+        entry.update(shard_checksum(tr / entry["file"]))  # traces written so, not damaged ones
+    (tr / INDEX_FILE).write_text(json.dumps(index))
     prep_fails(["bake-onedecode", art, "--traces", tr, "--force"], "have no train rows", "larger --max-tokens",
                unchanged=(art,))
 
