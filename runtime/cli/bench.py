@@ -243,7 +243,8 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     click.echo("best gamma with a free drafter (n-gram): " + ", ".join(
         f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
     if tree_rows:
-        click.echo("token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) as above")
+        click.echo("token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) here is a "
+                   "one-token step timed between the trees (interleaved with them, not the table above)")
         click.echo(markdown_rows(tree_rows, [("nodes", "nodes N", "{}"), ("depth", "depth", "{}"),
                                              ("forward_ms", "forward ms", "{:.2f}"), ("total_ms", "T_V ms", "{:.2f}"),
                                              ("ratio", "T_V / T_V(1)", "{:.2f}x")]))
