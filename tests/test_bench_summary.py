@@ -48,6 +48,14 @@ def test_llamacpps_fastest_variant_gets_its_own_columns(tmp_path: Path):
     assert "llama.cpp's fastest" not in summary_markdown(paths[:1]) and "llama.cpp's fastest" in summary_markdown(paths)
 
 
+def test_a_rate_of_zero_is_a_run_without_a_decode_step():
+    """--max-new-tokens 1 records 0 tok/s (no decode step): summarized, with no ratio to it."""
+    rec = record()
+    rec["methods"][1] = row("llamacpp", 0.0, preserving=False, identical=0.5)
+    cells = headline_row(rec)
+    assert cells["llamacpp"] == 0.0 and cells["ar_vs_llamacpp"] is None and cells["best_vs_llamacpp"] is None
+
+
 def test_llamacpp_variants_without_a_recorded_identity(tmp_path: Path):
     """Rows without identical_to_ar (an older record) still summarize: the cell just has no share."""
     rec = record()
@@ -77,12 +85,15 @@ def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
     (json.dumps(record(peak_rss_mib=[1])), "setup.peak_rss_mib is [1], not a number"),
     (json.dumps(record(threads="two")), 'setup.threads is "two", not an integer'),
     (json.dumps(record(llamacpp_build=5)), "setup.llamacpp_build is 5, not text"),
-    (json.dumps({**record(), "methods": [row("ar", 20.0), row("llamacpp", 0.0, preserving=False)]}),
-     "llamacpp.tokens_per_s is 0.0, not a positive rate"),
+    (json.dumps({**record(), "methods": [row("ar", 20.0), row("llamacpp", -1.0, preserving=False)]}),
+     "llamacpp.tokens_per_s is -1.0, not a finite rate >= 0 (0: no decode step)"),
+    (json.dumps({**record(), "methods": [row("ar", 20.0), row("llamacpp", 16.0, preserving=False, identical=1.5)]}),
+     "llamacpp.identical_to_ar is 1.5, not a share in [0, 1]"),
+    (json.dumps(record(peak_rss_mib=float("nan"))), "setup.peak_rss_mib is NaN, not a finite number >= 0"),
     (json.dumps({**record(), "methods": [row("ar", 20.0), {**row("llamacpp", 16.0, preserving=False), "identical_to_ar": "yes"}]}),
      'llamacpp.identical_to_ar is "yes", not a number'),
 ], ids=["not-json", "no-setup", "row-without-speed", "sampled", "rss-text", "rss-list", "threads-text", "build-number",
-        "zero-speed", "identity-text"])
+        "negative-speed", "identity-above-1", "rss-nan", "identity-text"])
 def test_a_file_that_is_not_a_greedy_bench_record_is_a_one_line_error(tmp_path: Path, content: str, fragment: str):
     path = tmp_path / "r.json"
     path.write_text(content)

@@ -5,7 +5,10 @@ identity to `ar` (the figures the README's Results tables report, read back from
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from runtime.bench.report import markdown_rows
 
@@ -29,26 +32,47 @@ VARIANT_COLUMNS = [
 ]
 
 
-# The record fields the summary reads, and their JSON types (each may be absent or null).
 _NUMBER = (int, float)
-SETUP_FIELDS = {"model": str, "prompts": str, "n": int, "max_new_tokens": int, "threads": int, "temperature": _NUMBER,
-                "peak_rss_mib": _NUMBER, "code": str, "cpu": str, "screen_kernel": str, "backend": str, "llamacpp_build": str}
-ROW_FIELDS = {"identical_to_ar": _NUMBER, "distribution_preserving": bool}
+
+
+def _finite_non_negative(value: float) -> bool:
+    return math.isfinite(value) and value >= 0
+
+
+class Field(NamedTuple):
+    """A record field the summary reads: its JSON types, and where it has a range, a test and its words."""
+
+    kinds: type | tuple[type, ...]
+    in_range: Callable[[float], bool] | None = None
+    words: str = ""
+
+
+# The fields the summary reads (each may be absent or null).
+SETUP_FIELDS = {"model": Field(str), "prompts": Field(str), "n": Field(int), "max_new_tokens": Field(int), "threads": Field(int),
+                "temperature": Field(_NUMBER), "peak_rss_mib": Field(_NUMBER, _finite_non_negative, "a finite number >= 0"),
+                "code": Field(str), "cpu": Field(str), "screen_kernel": Field(str), "backend": Field(str),
+                "llamacpp_build": Field(str)}
+ROW_FIELDS = {"tokens_per_s": Field(_NUMBER, _finite_non_negative, "a finite rate >= 0 (0: no decode step)"),
+              "identical_to_ar": Field(_NUMBER, lambda v: 0 <= v <= 1, "a share in [0, 1]"),
+              "distribution_preserving": Field(bool)}
+_KIND_WORDS = {str: "text", int: "an integer", bool: "true or false"}
 
 
 class SummaryError(ValueError):
     """A file that is not a greedy `runtime bench` record."""
 
 
-def _wrong_field(values: dict, fields: dict, where: str) -> str | None:
-    """'<where>.<field> is <value>, not <type>' for the first field of the wrong JSON type, else None."""
-    for name, kinds in fields.items():
+def _wrong_field(values: dict, fields: dict[str, Field], where: str) -> str | None:
+    """'<where>.<field> is <value>, not <what>' for the first field of the wrong JSON type or range, else None."""
+    for name, field in fields.items():
         value = values.get(name)
-        wanted = kinds if isinstance(kinds, tuple) else (kinds,)
-        is_bool = isinstance(value, bool)
-        if value is not None and (not isinstance(value, wanted) or (is_bool and bool not in wanted)):
-            kind = "a number" if wanted == _NUMBER else {str: "text", int: "an integer", bool: "true or false"}[wanted[0]]
-            return f"{where}.{name} is {json.dumps(value)}, not {kind}"
+        wanted = field.kinds if isinstance(field.kinds, tuple) else (field.kinds,)
+        if value is None:
+            continue
+        if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+            return f"{where}.{name} is {json.dumps(value)}, not {'a number' if wanted == _NUMBER else _KIND_WORDS[wanted[0]]}"
+        if field.in_range is not None and not field.in_range(value):
+            return f"{where}.{name} is {json.dumps(value)}, not {field.words}"
     return None
 
 
@@ -66,9 +90,6 @@ def read_record(path: Path) -> dict:
         raise SummaryError(f"{path} is not a runtime bench record (no setup, or methods without method and tokens_per_s); give the --json output of runtime bench")
     problem = _wrong_field(record["setup"], SETUP_FIELDS, "setup") or next(
         (p for row in record["methods"] if (p := _wrong_field(row, ROW_FIELDS, row["method"])) is not None), None)
-    slow = next((row for row in record["methods"] if not row["tokens_per_s"] > 0 or row["tokens_per_s"] == float("inf")), None)
-    if problem is None and slow is not None:
-        problem = f"{slow['method']}.tokens_per_s is {slow['tokens_per_s']}, not a positive rate"
     if problem is not None:
         raise SummaryError(f"{path}: {problem}; give the unedited --json output of runtime bench")
     if record["setup"].get("temperature", 0.0) != 0.0:
@@ -86,8 +107,8 @@ def headline_row(record: dict) -> dict:
     ar, llama = by_name.get("ar"), by_name.get("llamacpp")
     prompts = PROMPT_NAMES.get(setup.get("prompts"), setup.get("prompts", "?"))
 
-    def ratio(row: dict | None) -> float | None:
-        return row["tokens_per_s"] / llama["tokens_per_s"] if row and llama else None
+    def ratio(row: dict | None, to: dict | None = llama) -> float | None:
+        return row["tokens_per_s"] / to["tokens_per_s"] if row and to and to["tokens_per_s"] > 0 else None
 
     matched = sum(row.get("identical_to_ar") == 1.0 for row in exact)
     variants = [row for row in methods if row["method"].startswith("llamacpp")]
@@ -104,7 +125,7 @@ def headline_row(record: dict) -> dict:
         "llamacpp_identical": llama.get("identical_to_ar") if llama else None,
         "rss": setup["peak_rss_mib"] / 1024 if setup.get("peak_rss_mib") else None,
         "llamacpp_fastest": _fastest_cell(fastest) if fastest else None,
-        "best_vs_llamacpp_fastest": best["tokens_per_s"] / fastest["tokens_per_s"] if fastest and best else None,
+        "best_vs_llamacpp_fastest": ratio(best, fastest),
     }
 
 
