@@ -30,12 +30,11 @@ VARIANT_COLUMNS = [
     ("llamacpp_fastest", "llama.cpp's fastest, tok/s (= `ar`)", "{}"),
     ("best_vs_llamacpp_fastest", "best exact / llama.cpp's fastest", "{:.2f}x"),
 ]
-
-
-_NUMBER = (int, float)
+_NUMBER = (int, float)  # a JSON number
 
 
 def _finite_non_negative(value: float) -> bool:
+    """Whether a number is finite and at least 0 (a rate, a size)."""
     return math.isfinite(value) and value >= 0
 
 
