@@ -67,8 +67,9 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """A comma-separated list of method names, each parsed, none named twice (check_distinct) and none
-    left empty (a stray comma may stand where a name was meant)."""
+    """A comma-separated list of method names, each parsed, none named twice (check_distinct) nor empty.
+
+    An empty name (ar,,csv) is refused: a stray comma may stand where a name was meant."""
     parts = text.split(",")
     if any(not part.strip() for part in parts) and any(part.strip() for part in parts):
         raise ValueError(f"{text!r} has an empty name between commas; list the methods with one comma between "
@@ -151,7 +152,7 @@ def _spec(args: list[str], head: str | None, name: str = "spec") -> MethodSpec:
                          f"none (drafters that do: {alone}), e.g. spec:gp:256:no-verifier")
     if not loop.get("verifier", True) and head is not None:  # no target forward: no head to verify with
         raise ValueError(f"no-verifier decodes with the drafter alone, so a +csv head would verify nothing; drop the +csv "
-                         f"suffix, e.g. spec:{drafter.name}:no-verifier")
+                         f"suffix: {':'.join([name, *args])}")
     return MethodSpec(name, head=head or "full", drafter=drafter, **loop)
 
 

@@ -48,8 +48,10 @@ def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_ve
         text = f"csv:{bound}"
     try:
         spec = parse_method(text)
-    except ValueError as e:  # the option that wrote the name, as bench's --methods names its own
-        raise click.BadParameter(str(e), param_hint="'--drafter'" if drafter is not None else "'--method'") from None
+    except ValueError as e:  # --method named, as bench's --methods names its own; the alias flags wrote the name together
+        if aliased:
+            raise click.UsageError(f"{e} (the method {', '.join(ALIASES)} made: {text})") from None
+        raise click.BadParameter(str(e), param_hint="'--method'") from None
     if not budgeted:
         return spec
     if spec.head != "csv:cluster":  # the options would be dropped without a word

@@ -70,16 +70,20 @@ def test_bad_generate_values(art: Path, flags: list[str], says: str):
     ("dynaspec:int8:k=abc", "k takes an integer >= 1"),
     ("warp", "unknown method 'warp'"),
     ("csv+csv", "+csv applies to drafting methods"),
-    ("spec:int8:no-verifier+csv", "a +csv head would verify nothing; drop the +csv suffix"),
+    ("spec:int8:no-verifier+csv", "a +csv head would verify nothing; drop the +csv suffix: spec:int8:no-verifier"),
 ], ids=["gamma-not-int", "gamma-0", "layers-not-int", "dynaspec-k-not-int", "unknown-method", "csv-plus-csv", "no-verifier-plus-csv"])
 def test_bad_method_names(art: Path, method: str, says: str):
     line = runtime_fails(generate(art, "--method", method), says, code=USAGE, unchanged=(art,))
     assert "invalid literal" not in line and "'--method'" in line  # the option is named, as bench's --methods
 
 
-def test_bad_drafter_alias_names_its_option(art: Path):
-    line = runtime_fails(generate(art, "--method", "spec", "--drafter", "warp"), "unknown drafter", code=USAGE, unchanged=(art,))
-    assert "'--drafter'" in line
+def test_a_bad_method_made_by_the_alias_flags_names_the_method_they_made(art: Path):
+    """The flags write the method together, so the error shows what they wrote, not one flag as the culprit."""
+    runtime_fails(generate(art, "--method", "spec", "--drafter", "warp"), "unknown drafter", "made: spec:warp", code=USAGE,
+                  unchanged=(art,))
+    line = runtime_fails(generate(art, "--method", "spec", "--drafter", "gp:256", "--no-verifier", "--target-head", "csv"),
+                         "drop the +csv suffix: spec:gp:256:no-verifier", code=USAGE, unchanged=(art,))
+    assert "made: spec:gp:256:no-verifier+csv:screen" in line and "'--drafter'" not in line
 
 
 def test_sampling_options_without_a_temperature(art: Path):
