@@ -50,7 +50,7 @@ def method_from_flags(method: str | None, bound, drafter, gamma, adaptive, no_ve
         spec = parse_method(text)
     except ValueError as e:  # --method named, as bench's --methods names its own; the alias flags wrote the name together
         if aliased:
-            raise click.UsageError(f"{e} (the method {', '.join(ALIASES)} made: {text})") from None
+            raise click.UsageError(f"{e} (the method the alias flags made: {text})") from None
         raise click.BadParameter(str(e), param_hint="'--method'") from None
     if not budgeted:
         return spec
