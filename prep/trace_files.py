@@ -65,9 +65,17 @@ def _index_problem(index) -> str | None:
         isinstance(e, dict) and isinstance(e.get("file"), str) and SHARD_NAME.fullmatch(e["file"]) for e in shards
     ):
         return 'its "shards" are not a list of {"file": "shard-NNNNN.safetensors", ...} entries'
-    if not all(isinstance(e.get("sha256", ""), str) and type(e.get("bytes", 0)) is int for e in shards):
-        return "a shard's sha256 is not text or its bytes not an integer"
+    if not all(_checksum_fields(e) is not None for e in shards):
+        return "a shard's sha256 and bytes are not text and an integer >= 0, nor both absent"
     return None
+
+
+def _checksum_fields(entry: dict) -> tuple | None:
+    """(sha256, bytes) of a shard entry, () when it records neither (written before they were), None when malformed."""
+    sha, size = entry.get("sha256"), entry.get("bytes")
+    if sha is None and size is None:
+        return ()
+    return (sha, size) if isinstance(sha, str) and type(size) is int and size >= 0 else None
 
 
 def traces_of(out: str | Path, model_name: str, vocab_size: int) -> dict:
@@ -101,20 +109,27 @@ def shard_checksum(path: Path) -> dict:
 
 def shard_problem(path: Path, entry: dict) -> str | None:
     """What is wrong with a shard file against its index entry (missing, or another sha256 or size), or None."""
-    if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("bytes"), int):
+    recorded = _checksum_fields(entry)
+    if not recorded:  # written before shards carried checksums: only its presence can be checked
         return None if path.is_file() else f"{path.name} is missing"
-    return file_problem(path, FileRecord(sha256=entry["sha256"], size=entry["bytes"]))
+    return file_problem(path, FileRecord(sha256=recorded[0], size=recorded[1]))
+
+
+def _damaged_shard(path: Path, out: str | Path, what: str) -> ValueError:
+    """The one-line error for a shard that is missing or damaged, naming the rerun that redoes it."""
+    return ValueError(f"{path} is {what}; rerun the prep traces command that wrote {out} "
+                      f"(it redoes missing and damaged shards), or delete {out}")
 
 
 def shard_tensors(out: str | Path, entry: dict, keys: list[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of one shard (its index entry); ValueError naming the fix when the file is missing,
-    damaged (its recorded sha256 included) or lacks one."""
+    """The named tensors of one shard, by its index entry, after its checksum where one is recorded.
+
+    ValueError naming the fix when the file is missing, damaged or lacks one of the keys.
+    """
     path = Path(out) / entry["file"]
     problem = shard_problem(path, entry)
     if problem is not None:
-        what = "missing" if not path.is_file() else f"damaged ({problem})"
-        raise ValueError(f"{path} is {what}; rerun the prep traces command that wrote {out} "
-                         f"(it redoes missing and damaged shards), or delete {out}")
+        raise _damaged_shard(path, out, "missing" if not path.is_file() else f"damaged ({problem})")
     try:
         with safetensors.safe_open(str(path), framework="pt") as shard:
             missing = [k for k in keys if k not in shard.keys()]
@@ -123,14 +138,14 @@ def shard_tensors(out: str | Path, entry: dict, keys: list[str]) -> dict[str, to
                                  "(with the matching --drafter-layers)")
             return {k: shard.get_tensor(k) for k in keys}
     except (safetensors.SafetensorError, OSError) as e:
-        what = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({e})"
-        raise ValueError(f"{path} is {what}; rerun the prep traces command that wrote {out} "
-                         f"(it redoes missing and damaged shards), or delete {out}") from None
+        raise _damaged_shard(path, out, "missing" if isinstance(e, FileNotFoundError) else f"damaged ({e})") from None
 
 
 def shard_intact(path: Path, entry: dict) -> bool:
-    """Whether a shard file matches its index entry's checksum (where recorded) and its header covers the
-    file (a truncated one's does not)."""
+    """Whether a shard file matches its index entry and its header covers the file.
+
+    The entry's checksum is compared where it records one; a truncated file's header does not cover it.
+    """
     if shard_problem(path, entry) is not None:
         return False
     try:

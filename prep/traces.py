@@ -49,7 +49,8 @@ def parse_layers(value) -> tuple[int, ...]:
     parts = [n.strip() for n in text.split(",")]
     layers = tuple(int(n) for n in parts) if all(is_digits(n) for n in parts) else None
     if layers is None or 0 in layers or len(set(layers)) < len(layers):
-        raise ValueError(f"drafter layers must be distinct depths >= 1 such as 16 or 15,16 (or 0 alone for none), got {value!r}")
+        raise ValueError(f"--drafter-layers (or the recipe's drafter_layers) must be distinct depths >= 1 such as 16 or 15,16 "
+                         f"(or 0 alone for none), got {value!r}")
     return layers
 
 

@@ -253,8 +253,9 @@ def test_real_qwen_exact_greedy_methods_share_ar_perplexity(qwen_session, no_cou
 
 
 def test_table_shows_identity_without_a_claim_apart() -> None:
-    """A method with no identity claim (llama.cpp, MJSD) shows how often its tokens equalled `ar`'s in its
-    own column, never as "identical to greedy"; a table of exact methods only has no such column."""
+    """A method with no identity claim shows how often its tokens equalled `ar`'s in a column of its own.
+
+    Never as "identical to greedy" (llama.cpp, MJSD); a table of exact methods only has no such column."""
     ar = {"method": "ar", "tokens_per_s": 10.0, "distribution_preserving": True, "identical_to_greedy": 1.0, "identical_to_ar": 1.0}
     llama = {"method": "llamacpp", "tokens_per_s": 12.0, "distribution_preserving": False, "identical_to_greedy": None,
              "identical_to_ar": 0.25}

@@ -65,5 +65,5 @@ def test_a_rerun_with_the_same_parameters_changes_nothing(art: Path, tiny_model:
                                                                           "non-ascii-digit"])
 def test_bad_drafter_layers(tmp_path: Path, tiny_model: Path, layers: str):
     """prep traces --drafter-layers: distinct depths >= 1 in ASCII digits, or 0 alone; refused before any trace."""
-    prep_fails(["traces", tiny_model, "-o", tmp_path / "traces", "--drafter-layers", layers], "drafter layers must be distinct depths")
+    prep_fails(["traces", tiny_model, "-o", tmp_path / "traces", "--drafter-layers", layers], "--drafter-layers (or the recipe's drafter_layers) must be distinct depths")
     assert not (tmp_path / "traces").exists()

@@ -70,8 +70,9 @@ def test_a_truncated_shard_is_named_and_a_rerun_redoes_it(tr: Path, art: Path, t
 
 
 def test_a_shard_that_fails_its_checksum_is_named_and_a_rerun_redoes_it(tr: Path, art: Path, tiny_model: Path, corpus: Path):
-    """A byte changed inside a shard's tensor data (its header, and so safetensors, still fine): the sha256 its
-    index entry records refuses it in every reader, and the same prep traces command writes it again."""
+    """A byte changed inside a shard's tensor data is named by every reader, and a rerun writes the shard again.
+
+    Its header, and so safetensors, are still fine: the sha256 its index entry records is what refuses it."""
     shard = tr / "shard-00002.safetensors"
     whole = shard.read_bytes()
     assert json.loads((tr / INDEX_FILE).read_text())["shards"][2]["bytes"] == len(whole)
@@ -91,7 +92,9 @@ def test_a_shard_that_fails_its_checksum_is_named_and_a_rerun_redoes_it(tr: Path
     ('{"format": 1, "model": "tiny", "vocab_size": 256, "shards": "x"}', 'is not a traces index (its "shards" are not a list'),
     ('{"format": 1, "model": "tiny", "vocab_size": 256, "shards": [{"file": "../../x"}]}', 'is not a traces index (its "shards" are not a list'),
     ('{"format": 1, "shards": [', "is damaged (Expecting"),
-], ids=["list", "no-format", "shards-not-a-list", "shard-outside", "not-json"])
+    ('{"format": 1, "model": "tiny", "vocab_size": 256, "shards": [{"file": "shard-00000.safetensors", "sha256": "ab"}]}',
+     "is not a traces index (a shard's sha256 and bytes are not text and an integer >= 0, nor both absent"),
+], ids=["list", "no-format", "shards-not-a-list", "shard-outside", "not-json", "half-a-checksum"])
 def test_a_damaged_index_is_named_with_the_rebuild(tr: Path, art: Path, tiny_model: Path, corpus: Path, index: str,
                                                    says: str):
     (tr / INDEX_FILE).write_text(index)
