@@ -26,8 +26,8 @@ from runtime.checks import is_number, require, require_count
 # The largest seed the runtime takes (the CLI's --seed and the API's seed=); torch.Generator.manual_seed
 # would also take up to 2**64 - 1, and negative seeds, which it wraps around.
 MAX_SEED = 2**63 - 1
-# The smallest temperature above 0 (greedy): logits / temperature must stay finite in float32, and
-# below this every sample is the argmax to float32 precision anyway.
+# The smallest temperature above 0 (greedy): below it sampling is greedy in all but name, and near 1e-38
+# logits / temperature overflow float32 (1e-38 ended a text after one token).
 MIN_TEMPERATURE = 1e-6
 
 
@@ -42,7 +42,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         require(is_number(self.temperature) and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE), "temperature",
-                f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} (smaller ones overflow logits / temperature)",
+                f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} (below it sampling is greedy in all but name)",
                 self.temperature)
         require_count("top_k", self.top_k, 0, why=" (0 = off)")
         require(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a finite number in (0, 1] (1 = off)", self.top_p)

@@ -58,10 +58,10 @@ def test_a_top_k_of_at_least_the_vocabulary_cuts_nothing_in_any_head(engine):
 
 
 @pytest.mark.parametrize("values, says", [
-    ({"temperature": math.nan}, "temperature must be 0 (greedy) or a finite number >= 1e-06 (smaller ones overflow logits / temperature), got nan"),
+    ({"temperature": math.nan}, "temperature must be 0 (greedy) or a finite number >= 1e-06 (below it sampling is greedy in all but name), got nan"),
     ({"temperature": math.inf}, "temperature must be 0 (greedy) or a finite number >= 1e-06"),
     ({"temperature": -0.5}, "temperature must be 0 (greedy) or a finite number >= 1e-06"),
-    ({"temperature": "0.7"}, "temperature must be 0 (greedy) or a finite number >= 1e-06 (smaller ones overflow logits / temperature), got '0.7'"),
+    ({"temperature": "0.7"}, "temperature must be 0 (greedy) or a finite number >= 1e-06 (below it sampling is greedy in all but name), got '0.7'"),
     ({"temperature": True}, "temperature must be 0 (greedy) or a finite number >= 1e-06"),
     ({"top_k": 1.5}, "top_k must be an integer >= 0 (0 = off), got 1.5"),
     ({"top_k": True}, "top_k must be an integer >= 0"),

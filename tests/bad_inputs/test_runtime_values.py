@@ -31,10 +31,10 @@ def generate(art: Path, *flags) -> list:
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--temperature", "nan"], "temperature must be 0 (greedy) or a finite number >= 1e-06 (smaller ones overflow logits / temperature), got nan"),
+    (["--temperature", "nan"], "temperature must be 0 (greedy) or a finite number >= 1e-06 (below it sampling is greedy in all but name), got nan"),
     (["--temperature", "inf"], "temperature must be 0 (greedy) or a finite number >= 1e-06"),
-    (["--temperature", "-0.5"], "0 (greedy) or a finite number >= 1e-06 (smaller ones overflow logits / temperature), got -0.5"),
-    (["--temperature", "1e-38"], "(smaller ones overflow logits / temperature), got 1e-38"),
+    (["--temperature", "-0.5"], "0 (greedy) or a finite number >= 1e-06 (below it sampling is greedy in all but name), got -0.5"),
+    (["--temperature", "1e-38"], "(below it sampling is greedy in all but name), got 1e-38"),
     (["--top-p", "0"], "top_p must be a finite number in (0, 1] (1 = off)"),
     (["--top-p", "1.5"], "a finite number in (0, 1]"),
     (["--top-k", "-1"], "top_k must be an integer >= 0 (0 = off), got -1"),
