@@ -25,15 +25,14 @@ def describe_artifact(path: Path | str, model_info: ModelInfo | None = None) -> 
         return f"artifact: {path}\nerror: {e}\nvalid: no", False
     stage_lines, problems = _stage_report(artifact)
     problems += artifact.leftover_problems()
-    if model_info is not None and not same_model(artifact.model, model_info):
-        problems.append(
-            f"built for {artifact.model.name} ({artifact.model.fingerprint_prefix}), "
-            f"not {model_info.name} ({model_info.fingerprint_prefix})"
-        )
-    valid = not problems
     checked = []  # the line that says --check-model compared the fingerprints, when they match
-    if model_info is not None and same_model(artifact.model, model_info):
-        checked.append(f"model check: {model_info.name} matches its fingerprint ({model_info.fingerprint_prefix})")
+    if model_info is not None:
+        if same_model(artifact.model, model_info):
+            checked.append(f"model check: {model_info.name} matches its fingerprint ({model_info.fingerprint_prefix})")
+        else:
+            problems.append(f"built for {artifact.model.name} ({artifact.model.fingerprint_prefix}), "
+                            f"not {model_info.name} ({model_info.fingerprint_prefix})")
+    valid = not problems
     lines = [
         f"artifact: {artifact.path}",
         *_header_lines(artifact),

@@ -312,6 +312,15 @@ def test_a_bare_command_shows_its_help(command):
     assert "Commands:" in CliRunner().invoke(command, []).output
 
 
+@pytest.mark.parametrize("name", ["import", "cluster", "screen4", "all", "traces"])
+def test_prep_usage_names_the_default_model(name: str):
+    """MODEL may be left out: each usage line says which model is then read."""
+    from runtime.models import DEFAULT_MODEL
+
+    usage = CliRunner().invoke(prep_main, [name, "--help"], prog_name="prep").output.splitlines()[0]
+    assert usage == f"Usage: prep {name} [OPTIONS] [MODEL (default {DEFAULT_MODEL})]"
+
+
 def test_generate_on_a_missing_artifact_is_a_clean_error(tmp_path: Path):
     result = invoke(runtime_main, ["generate", tmp_path / "nowhere", "--prompt", "hi", "--max-new-tokens", 2])
     assert_clean_error(result)

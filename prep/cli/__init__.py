@@ -12,8 +12,9 @@ from runtime.cli.values import Integer
 from runtime.models import DEFAULT_MODEL
 
 SEED = Integer(0, 2**32 - 1)  # the seeds numpy, faiss and Lightning take
-# The MODEL argument in usage lines: a packaged name, a model directory or a .gguf file, the default when left out.
-MODEL_ARGUMENT = f"[MODEL (default {DEFAULT_MODEL})]"
+# The MODEL argument of the commands that read a model: a packaged name, a model directory or a .gguf
+# file; its usage line names the default taken when it is left out.
+model_argument = click.argument("model", default=DEFAULT_MODEL, metavar=f"[MODEL (default {DEFAULT_MODEL})]")
 
 
 STAGES_KEPT = "stages already written are kept: rerun the same command to finish"

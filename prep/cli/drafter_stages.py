@@ -8,16 +8,15 @@ import click
 
 from artifacts.format import Stage
 from prep import stages
-from prep.cli import MODEL_ARGUMENT, SEED, clean_errors, main
+from prep.cli import SEED, clean_errors, main, model_argument
 from prep.recipes import load_recipe, overridden
 from prep.router_loss import LOSSES
 from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
-from runtime.models import DEFAULT_MODEL
 
 
 @main.command("traces")
-@click.argument("model", default=DEFAULT_MODEL, metavar=MODEL_ARGUMENT)
+@model_argument
 @click.option("--corpus", default=None, help="sharegpt, humaneval, or a JSON file of {\"text\": ...} objects (default: the recipe's).")
 @click.option("-o", "--out", required=True, help="Traces folder to create or complete (its own folder, not an artifact).")
 @click.option("--max-tokens", type=COUNT, default=None, help="Total token budget (default: the recipe's).")

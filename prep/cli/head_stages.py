@@ -9,15 +9,15 @@ import click
 from artifacts import Artifact
 from artifacts.format import Stage
 from prep import stages
-from prep.cli import MODEL_ARGUMENT, SEED, clean_errors, main
+from prep.cli import SEED, clean_errors, main, model_argument
 from prep.recipes import load_recipe, overridden
 from prep.screen import check_group_size
 from prep.screen4 import check_screen4_shape
-from runtime.models import DEFAULT_MODEL, resolve_model
+from runtime.models import resolve_model
 
 
 @main.command("import")
-@click.argument("model", default=DEFAULT_MODEL, metavar=MODEL_ARGUMENT)
+@model_argument
 @clean_errors(interrupted="nothing half-converted is kept in the model cache: rerun the same command")
 def import_model(model: str) -> None:
     """Resolve and convert a model once (cached as a safetensors directory).
@@ -31,7 +31,7 @@ def import_model(model: str) -> None:
 
 
 @main.command("cluster")
-@click.argument("model", default=DEFAULT_MODEL, metavar=MODEL_ARGUMENT)
+@model_argument
 @click.option("-o", "--out", required=True, help="Artifact directory to create or add to.")
 @click.option("--clusters", type=int, default=None, help="Number of k-means clusters (default: the recipe's).")
 @click.option("--iterations", type=int, default=None, help="k-means iterations (default: the recipe's).")
@@ -68,7 +68,7 @@ def cluster(model: str, out: str, clusters, iterations, group_size, seed: int, f
 
 
 @main.command("screen4")
-@click.argument("model", default=DEFAULT_MODEL, metavar=MODEL_ARGUMENT)
+@model_argument
 @click.option("-o", "--out", required=True, help="Artifact directory to create or add to.")
 @click.option("--rank", type=int, default=None, help="Hidden-state basis directions whose error share is stored (default: the recipe's).")
 @click.option("--group", type=int, default=None, help="Columns per scale and minimum, 32 or 64 (default: the recipe's).")
@@ -94,7 +94,7 @@ def screen4(model: str, out: str, rank, group, texts, force: bool) -> None:
 
 
 @main.command("all")
-@click.argument("model", default=DEFAULT_MODEL, metavar=MODEL_ARGUMENT)
+@model_argument
 @click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
 @click.option("--with-router", is_flag=True, help="Also run the recipe's prep traces + prep train-router (gemma3-270m: ~6 min on 2 cores).")
 @click.option("--traces", "traces_dir", default=None, help="Traces directory for --with-router (default: traces/NAME for -o art/NAME).")

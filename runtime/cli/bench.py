@@ -16,6 +16,9 @@ from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.method_spec import BOUNDS
 from runtime.methods import methods_help
 
+# bench-screen's hidden states: the first SCREEN_TEXT_TOKENS tokens of each of up to SCREEN_TEXTS texts.
+SCREEN_TEXTS, SCREEN_TEXT_TOKENS = 256, 256
+
 
 @main.command()
 @click.argument("artifact", type=click.Path())
@@ -146,15 +149,15 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     engine = api.load(artifact, backend=backend)
     target = engine.session.target
     hidden = []
-    for text in load_prompts(prompt_source, 256):
-        ids = engine.encode(text)[:256]
+    for text in load_prompts(prompt_source, SCREEN_TEXTS):
+        ids = engine.encode(text)[:SCREEN_TEXT_TOKENS]
         hidden.append(target.forward(ids, target.new_cache()))  # [T, d]
         if sum(h.shape[0] for h in hidden) >= positions:
             break
     hidden = torch.cat(hidden)[:positions].float()  # [B, d]
     if hidden.shape[0] < positions:
-        click.echo(f"note: {prompt_source} holds {hidden.shape[0]} positions (the first 256 tokens of each of up to 256 "
-                   f"texts), fewer than --positions {positions}; screening those", err=True)
+        click.echo(f"note: {prompt_source} holds {hidden.shape[0]} positions (the first {SCREEN_TEXT_TOKENS} tokens of each "
+                   f"of up to {SCREEN_TEXTS} texts), fewer than --positions {positions}; screening those", err=True)
     head = target.head_weight  # [V, d]
     rows = candidate_fractions(dequantize(head), hidden, chosen)
     exact_bytes = head.data.shape[1] / head.cols if isinstance(head, QuantMatrix) else head.element_size()
