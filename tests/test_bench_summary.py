@@ -90,10 +90,11 @@ def test_summary_sorts_cells_and_names_each_records_provenance(tmp_path: Path):
     (json.dumps({**record(), "methods": [row("ar", 20.0), row("llamacpp", 16.0, preserving=False, identical=1.5)]}),
      "llamacpp.identical_to_ar is 1.5, not a share in [0, 1]"),
     (json.dumps(record(peak_rss_mib=float("nan"))), "setup.peak_rss_mib is NaN, not a finite number >= 0"),
+    (json.dumps({**record(), "methods": [row("ar", True)]}), "ar.tokens_per_s is true, not a number"),
     (json.dumps({**record(), "methods": [row("ar", 20.0), {**row("llamacpp", 16.0, preserving=False), "identical_to_ar": "yes"}]}),
      'llamacpp.identical_to_ar is "yes", not a number'),
 ], ids=["not-json", "no-setup", "row-without-speed", "sampled", "rss-text", "rss-list", "threads-text", "build-number",
-        "negative-speed", "identity-above-1", "rss-nan", "identity-text"])
+        "negative-speed", "identity-above-1", "rss-nan", "speed-bool", "identity-text"])
 def test_a_file_that_is_not_a_greedy_bench_record_is_a_one_line_error(tmp_path: Path, content: str, fragment: str):
     path = tmp_path / "r.json"
     path.write_text(content)

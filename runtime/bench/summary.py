@@ -65,9 +65,9 @@ def _wrong_field(values: dict, fields: dict[str, Field], where: str) -> str | No
     """'<where>.<field> is <value>, not <what>' for the first field of the wrong JSON type or range, else None."""
     for name, field in fields.items():
         value = values.get(name)
-        wanted = field.kinds if isinstance(field.kinds, tuple) else (field.kinds,)
         if value is None:
             continue
+        wanted = field.kinds if isinstance(field.kinds, tuple) else (field.kinds,)
         if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
             return f"{where}.{name} is {json.dumps(value)}, not {'a number' if wanted == _NUMBER else _KIND_WORDS[wanted[0]]}"
         if field.in_range is not None and not field.in_range(value):
@@ -84,7 +84,7 @@ def read_record(path: Path) -> dict:
         raise SummaryError(f"{path} cannot be read ({reason}); give the --json output of runtime bench") from None
     rows_ok = isinstance(record, dict) and isinstance(record.get("methods"), list) and all(
         isinstance(row, dict) and isinstance(row.get("method"), str) and isinstance(row.get("tokens_per_s"), _NUMBER)
-        and not isinstance(row["tokens_per_s"], bool) for row in record["methods"])
+        for row in record["methods"])  # a rate's JSON type and range: ROW_FIELDS
     if not (rows_ok and isinstance(record.get("setup"), dict)):
         raise SummaryError(f"{path} is not a runtime bench record (no setup, or methods without method and tokens_per_s); give the --json output of runtime bench")
     problem = _wrong_field(record["setup"], SETUP_FIELDS, "setup") or next(
