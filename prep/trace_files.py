@@ -2,8 +2,9 @@
 
 Every reader goes through `read_index` and `shard_tensors`, so a damaged folder (an index that is
 not JSON or not of the index's shape, a shard file missing, truncated or failing the sha256 its
-index entry records) is refused in one line naming the file and the fix. `writing_traces` refuses a folder that cannot hold traces (a file, a
-specvocab artifact) and holds the folder's writer lock, so two traces runs never write one folder.
+index entry records) is refused in one line naming the file and the fix. `writing_traces` refuses
+a folder that cannot hold traces (a file, a specvocab artifact) and holds the folder's writer lock,
+so two traces runs never write one folder.
 """
 
 from __future__ import annotations
