@@ -145,12 +145,17 @@ def test_fingerprints_fold_in_dtype_shape_and_values() -> None:
     assert vocab_sha256({"a": 0, "b": 1}) != vocab_sha256({"a": 1, "b": 0})
 
 
-@pytest.mark.parametrize("version", [3, 0])
-def test_unknown_format_version(art: Artifact, version: object) -> None:
+def edit_manifest(art: Artifact, edit) -> None:
+    """Rewrite the artifact's manifest.json after edit(data) changes its parsed JSON in place."""
     manifest = art.path / MANIFEST_FILE
     data = json.loads(manifest.read_text())
-    data["format_version"] = version
+    edit(data)
     manifest.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("version", [3, 0])
+def test_unknown_format_version(art: Artifact, version: object) -> None:
+    edit_manifest(art, lambda data: data.update(format_version=version))
     with pytest.raises(UnknownFormatVersion, match="upgrade specvocab or rebuild"):
         Artifact.open(art.path)
 
@@ -158,10 +163,7 @@ def test_unknown_format_version(art: Artifact, version: object) -> None:
 @pytest.mark.parametrize("version", ["1", True, 2.0])
 def test_a_format_version_that_is_no_integer_is_damage(art: Artifact, version: object) -> None:
     """No specvocab writes one: the file was damaged or edited, and a newer specvocab would not help."""
-    manifest = art.path / MANIFEST_FILE
-    data = json.loads(manifest.read_text())
-    data["format_version"] = version
-    manifest.write_text(json.dumps(data))
+    edit_manifest(art, lambda data: data.update(format_version=version))
     with pytest.raises(NotAnArtifact, match=f"format_version {version!r}, not an integer") as caught:
         Artifact.open(art.path)
     assert "upgrade" not in str(caught.value)
@@ -169,10 +171,7 @@ def test_a_format_version_that_is_no_integer_is_damage(art: Artifact, version: o
 
 @pytest.mark.parametrize("field, value", [("vocab_size", -1), ("hidden_size", 0)])
 def test_a_model_size_below_one_is_damage(art: Artifact, field: str, value: int) -> None:
-    manifest = art.path / MANIFEST_FILE
-    data = json.loads(manifest.read_text())
-    data["model"][field] = value
-    manifest.write_text(json.dumps(data))
+    edit_manifest(art, lambda data: data["model"].update({field: value}))
     with pytest.raises(NotAnArtifact, match=f"field '{field}' should be a size >= 1, got {value}"):
         Artifact.open(art.path)
 
@@ -196,10 +195,7 @@ def test_not_an_artifact(tmp_path: Path) -> None:
 
 
 def test_manifest_with_unsafe_file_name_is_rejected(art: Artifact) -> None:
-    manifest = art.path / MANIFEST_FILE
-    data = json.loads(manifest.read_text())
-    data["stages"]["clusters"]["files"]["../escape"] = {"sha256": "0" * 64, "size": 1}
-    manifest.write_text(json.dumps(data))
+    edit_manifest(art, lambda data: data["stages"]["clusters"]["files"].update({"../escape": {"sha256": "0" * 64, "size": 1}}))
     with pytest.raises(NotAnArtifact, match="not a plain file name"):
         Artifact.open(art.path)
 
@@ -250,10 +246,9 @@ def test_describe_artifact(art: Artifact) -> None:
 
 def _rewrite_record(art: Artifact, stage: str, filename: str) -> None:
     """Make the manifest's record of one file match the file's current bytes (a tamper that passes checksums)."""
-    data = json.loads((art.path / MANIFEST_FILE).read_text())
     payload = (art.path / filename).read_bytes()
-    data["stages"][stage]["files"][filename] = {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
-    (art.path / MANIFEST_FILE).write_text(json.dumps(data))
+    record = {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+    edit_manifest(art, lambda data: data["stages"][stage]["files"].update({filename: record}))
 
 
 def test_a_stage_holding_another_stages_file_is_a_schema_error(art: Artifact) -> None:
@@ -273,9 +268,8 @@ def test_a_stage_holding_another_stages_file_is_a_schema_error(art: Artifact) ->
     report, valid = describe_artifact(art.path)
     assert not valid and "screen.safetensors cannot be read" in report
 
-    data = json.loads((art.path / MANIFEST_FILE).read_text())  # a stage this version declares no schema for
-    data["stages"]["later"] = {**data["stages"]["clusters"], "files": {}}
-    (art.path / MANIFEST_FILE).write_text(json.dumps(data))
+    # a stage this version declares no schema for
+    edit_manifest(art, lambda data: data["stages"].update(later={**data["stages"]["clusters"], "files": {}}))
     (art.path / "later.safetensors").write_bytes((art.path / "clusters.safetensors").read_bytes())
     _rewrite_record(art, "later", "later.safetensors")
     report, _ = describe_artifact(art.path)  # reported, not read as tensors (the runtime never reads it)
