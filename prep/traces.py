@@ -35,7 +35,7 @@ from prep.trace_files import (CHECKSUM_FIELDS, INDEX_FILE, TRACES_FORMAT, read_i
 from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
                           sharegpt_conversations, split_of, split_of_text)
 from runtime.backends.hf import TransformersTarget
-from runtime.checks import is_digits
+from runtime.checks import comma_items, is_digits
 
 TOP_TOKENS = 8
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
@@ -46,12 +46,11 @@ def parse_layers(value) -> tuple[int, ...]:
     text = str(value).strip()
     if text in ("", "0"):
         return ()
-    parts = [n.strip() for n in text.split(",")]
-    layers = tuple(int(n) for n in parts) if all(is_digits(n) for n in parts) else None
-    if layers is None or 0 in layers or len(set(layers)) < len(layers):
-        raise ValueError(f"--drafter-layers (or the recipe's drafter_layers) must be distinct depths >= 1 such as 16 or 15,16 "
+    parts = comma_items(text, "--drafter-layers", "15,16")
+    if not all(is_digits(n) and int(n) >= 1 for n in parts):
+        raise ValueError(f"--drafter-layers (or the recipe's drafter_layers) must be depths >= 1 such as 16 or 15,16 "
                          f"(or 0 alone for none), got {value!r}")
-    return layers
+    return tuple(int(n) for n in parts)
 
 
 def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:

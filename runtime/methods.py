@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from runtime.checks import is_digits
+from runtime.checks import comma_items, is_digits
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
 from runtime.method_spec import (HEADS, METHODS, NOT_PRESERVING, DrafterSpec, MethodEntry, MethodSpec, canonical, marked,
                                   preserves_distribution, register_method)
@@ -67,14 +67,8 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """A comma-separated list of method names, each parsed, none named twice (check_distinct) nor empty.
-
-    An empty name (ar,,csv) is refused: a stray comma may stand where a name was meant."""
-    parts = text.split(",")
-    if any(not part.strip() for part in parts) and any(part.strip() for part in parts):
-        raise ValueError(f"{text!r} has an empty name between commas; list the methods with one comma between "
-                         "each, e.g. ar,csv:screen")
-    return check_distinct([parse_method(part) for part in parts if part.strip()])
+    """--methods' comma-separated names (comma_items), each parsed, no method under two spellings (check_distinct)."""
+    return check_distinct([parse_method(name) for name in comma_items(text, "--methods", "ar,csv:screen")])
 
 
 def check_distinct(specs: list[MethodSpec]) -> list[MethodSpec]:

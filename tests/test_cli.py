@@ -326,6 +326,23 @@ def test_generate_on_a_missing_artifact_is_a_clean_error(tmp_path: Path):
     assert_clean_error(result)
 
 
+@pytest.mark.parametrize("parse, text, value", [
+    ("formats", " q4_0 , q8_row", ["q4_0", "q8_row"]),
+    ("trees", " 4 , 8,32 ", (4, 8, 32)),
+    ("trees", "none", ()),
+    ("drafter-layers", " 15 , 16 ", (15, 16)),
+    ("drafter-layers", 16, (16,)),
+    ("drafter-layers", "0", ()),
+    ("drafter-layers", "", ()),
+], ids=["formats", "trees", "trees-none", "layers", "layers-from-a-recipe", "layers-none", "layers-empty"])
+def test_comma_separated_values_ignore_spaces(parse: str, text, value):
+    """--formats, --trees and --drafter-layers read each item stripped (refusals: tests/bad_inputs)."""
+    from prep.traces import parse_layers
+    from runtime.cli.bench import _screen_formats, _tree_sizes
+
+    assert {"formats": _screen_formats, "trees": _tree_sizes, "drafter-layers": parse_layers}[parse](text) == value
+
+
 def test_bench_screen_says_when_the_prompts_hold_fewer_positions(artifact: Path, tmp_path: Path):
     """Fewer hidden states than --positions: screened anyway, with a note saying how many (as bench's -n)."""
     prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w9 w31"}])

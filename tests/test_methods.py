@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from factories import tiny_artifact
 from runtime.drafters import DRAFTERS
-from runtime.methods import METHODS, canonical, default_method, methods_help, parse_method
+from runtime.methods import METHODS, canonical, default_method, methods_help, parse_method, parse_methods
 
 # One example per registration (methods and drafters); a new registration without one fails below.
 EXAMPLES = {
@@ -66,6 +66,22 @@ def test_bad_names_are_one_line_errors_naming_the_fix(name, fragment):
     with pytest.raises(ValueError) as error:
         parse_method(name)
     assert fragment in str(error.value) and "\n" not in str(error.value) and "invalid literal" not in str(error.value)
+
+
+def test_a_method_list_reads_each_name_stripped():
+    assert [spec.text for spec in parse_methods(" ar , csv:screen,spec:ngram ")] == ["ar", "csv:screen", "spec:ngram"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("ar,,csv", "'ar,,csv' has an empty item (a stray comma?); write --methods ar,csv"),
+    ("ar,csv,ar", "'ar,csv,ar' lists 'ar' twice; list each once: --methods ar,csv"),
+    ("ar,csv,csv:screen", "'csv:screen' names the same method as 'csv'; list each method once"),
+    ("ar,warp", "unknown method 'warp'"),
+], ids=["empty-item", "repeat", "two-spellings", "unknown"])
+def test_a_bad_method_list_is_one_line_naming_the_fix(text: str, message: str):
+    with pytest.raises(ValueError) as error:
+        parse_methods(text)
+    assert str(error.value).startswith(message)
 
 
 @pytest.fixture(scope="module")

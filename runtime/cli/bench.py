@@ -10,7 +10,7 @@ import torch
 
 from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
-from runtime.checks import is_digits
+from runtime.checks import comma_items, is_digits
 from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.method_spec import BOUNDS
@@ -115,6 +115,23 @@ def bench_kernels(artifact, prompt, repeats, backend) -> None:
     click.echo(markdown_rows(rows, columns))
 
 
+def _items(text: str, option: str, example: str) -> list[str]:
+    """comma_items, its refusal a usage error (exit 2) naming the option."""
+    try:
+        return comma_items(text, option, example)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+
+
+def _screen_formats(text: str) -> list[str]:
+    """--formats: screen formats of runtime.bench.screen_bits, each once."""
+    chosen = _items(text, "--formats", "q4_0,q8_row")
+    unknown = next((f for f in chosen if f not in SCREEN_FORMATS), None)
+    if unknown is not None:
+        raise click.BadParameter(f"unknown format {unknown!r}; choose from {', '.join(SCREEN_FORMATS)}", param_hint="--formats")
+    return chosen
+
+
 @main.command("bench-screen")
 @click.argument("artifact", type=click.Path())
 @click.option("--prompts", "prompt_source", type=values.PromptSource(), default="sharegpt", show_default=True,
@@ -138,13 +155,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     from runtime.data import load_prompts
     from runtime.kernels import QuantMatrix, dequantize
 
-    chosen = [f.strip() for f in formats.split(",")]
-    unknown = [f for f in chosen if f not in SCREEN_FORMATS]
-    if unknown:
-        raise click.BadParameter(f"unknown format {unknown[0]!r}; choose from {', '.join(SCREEN_FORMATS)}", param_hint="--formats")
-    twice = next((f for i, f in enumerate(chosen) if f in chosen[:i]), None)
-    if twice is not None:
-        raise click.BadParameter(f"{twice!r} is listed twice; list each format once", param_hint="--formats")
+    chosen = _screen_formats(formats)
     values.refuse_replacing([json_path], force)
     engine = api.load(artifact, backend=backend)
     target = engine.session.target
@@ -177,6 +188,18 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
         with values.writing("--json"):
             write_json(record, json_path)
         click.echo(f"wrote {json_path}", err=True)
+
+
+def _tree_sizes(text: str) -> tuple[int, ...]:
+    """--trees: node counts in 1..64, each listed once, or none."""
+    if text == "none":
+        return ()
+    counts = _items(text, "--trees", "4,8,16")
+    bad = next((n for n in counts if not (is_digits(n) and 1 <= int(n) <= 64)), None)
+    if bad is not None:
+        raise click.BadParameter(f"{bad!r} is not a node count in 1..64; e.g. --trees 4,8,16, or --trees none",
+                                 param_hint="--trees")
+    return tuple(int(n) for n in counts)
 
 
 @main.command("bench-verify")
@@ -217,9 +240,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     if bound is not None and head_kind != "csv":  # the full head has no bound: it would be ignored
         raise click.UsageError(f"--bound goes with --head csv (the certified head's bound); add --head csv or drop --bound {bound}")
     bound = bound or "screen"
-    sizes = () if trees == "none" else tuple(int(n) for n in trees.split(",") if is_digits(n.strip()) and 1 <= int(n) <= 64)
-    if trees != "none" and (not sizes or len(sizes) != len(trees.split(","))):
-        raise click.BadParameter(f"node counts in 1..64 separated by commas, or none; not {trees!r}", param_hint="--trees")
+    sizes = _tree_sizes(trees)
     values.refuse_replacing([json_path], force)
     texts = load_prompts(prompt_source, 64)
     engine = api.load(artifact, model, backend=backend)

@@ -211,12 +211,9 @@ class MethodList(click.ParamType):
         if isinstance(value, list):
             return value
         try:
-            specs = parse_methods(value)
+            return parse_methods(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
-        if not specs:
-            self.fail("names no method; e.g. --methods ar,csv:screen", param, ctx)
-        return specs
 
 
 class OutputFile(click.ParamType):

@@ -61,9 +61,22 @@ def test_a_rerun_with_the_same_parameters_changes_nothing(art: Path, tiny_model:
     assert snapshot(art) == before
 
 
-@pytest.mark.parametrize("layers", ["4,4", "4,", "0,4", "-3", "\u0664"], ids=["twice", "trailing-comma", "zero-in-list", "negative",
-                                                                          "non-ascii-digit"])
-def test_bad_drafter_layers(tmp_path: Path, tiny_model: Path, layers: str):
-    """prep traces --drafter-layers: distinct depths >= 1 in ASCII digits, or 0 alone; refused before any trace."""
-    prep_fails(["traces", tiny_model, "-o", tmp_path / "traces", "--drafter-layers", layers], "--drafter-layers (or the recipe's drafter_layers) must be distinct depths")
+DEPTHS = "--drafter-layers (or the recipe's drafter_layers) must be depths >= 1 such as 16 or 15,16 (or 0 alone for none)"
+
+
+@pytest.mark.parametrize("layers, says", [
+    ("4,4", "'4,4' lists '4' twice; list each once: --drafter-layers 4"),
+    ("4, 1,4 ", "lists '4' twice; list each once: --drafter-layers 4,1"),
+    ("4,,1", "'4,,1' has an empty item (a stray comma?); write --drafter-layers 4,1"),
+    ("4, ,1", "has an empty item (a stray comma?); write --drafter-layers 4,1"),
+    ("4,", "'4,' has an empty item (a stray comma?); write --drafter-layers 4"),
+    (",", "',' names nothing; e.g. --drafter-layers 15,16"),
+    ("0,4", f"{DEPTHS}, got '0,4'"),
+    ("-3", f"{DEPTHS}, got '-3'"),
+    ("\u0664", DEPTHS),
+], ids=["twice", "twice-with-spaces", "empty-item", "blank-item", "trailing-comma", "comma-alone", "zero-in-list", "negative",
+        "non-ascii-digit"])
+def test_bad_drafter_layers(tmp_path: Path, tiny_model: Path, layers: str, says: str):
+    """prep traces --drafter-layers: depths >= 1 in ASCII digits, each once, or 0 alone; refused before any trace."""
+    prep_fails(["traces", tiny_model, "-o", tmp_path / "traces", "--drafter-layers", layers], says)
     assert not (tmp_path / "traces").exists()

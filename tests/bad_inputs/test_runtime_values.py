@@ -161,19 +161,23 @@ def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str)
     (["-n", "0"], "give an integer >= 1"),
     (["-n", "-1"], "give an integer >= 1"),
     (["--prompts", "nothing-here.json"], "neither humaneval nor sharegpt nor an existing file"),
-    (["--methods", ","], "names no method"),
-    (["--methods", "ar,,csv"], "has an empty name between commas"),
-    (["--methods", "ar,"], "has an empty name between commas"),
+    (["--methods", ","], "',' names nothing; e.g. --methods ar,csv:screen"),
+    (["--methods", ""], "'' names nothing; e.g. --methods ar,csv:screen"),
+    (["--methods", "ar,,csv"], "'ar,,csv' has an empty item (a stray comma?); write --methods ar,csv"),
+    (["--methods", "ar, ,csv"], "'ar, ,csv' has an empty item (a stray comma?); write --methods ar,csv"),
+    (["--methods", "ar,"], "'ar,' has an empty item (a stray comma?); write --methods ar"),
     (["--methods", "ar,spec:ngram:gamma=x"], "gamma takes an integer"),
-    (["--methods", "ar,spec:ngram,spec:ngram"], "'spec:ngram' is listed twice; list each method once"),
+    (["--methods", "ar,spec:ngram,spec:ngram"], "lists 'spec:ngram' twice; list each once: --methods ar,spec:ngram"),
+    (["--methods", "ar, ar "], "lists 'ar' twice; list each once: --methods ar"),
     (["--methods", "ar,csv,csv:screen"], "'csv:screen' names the same method as 'csv'"),
     (["--methods", "ar,spec:ngram:gamma=6:gamma=3"], "gamma is given twice"),
     (["--methods", "ar,swarm:lookup:4:nodes=8:nodes=9"], "swarm's nodes is given twice"),
     (["--json", "."], "it is a directory; give a file path"),
     (["--json", ""], "it is a directory; give a file path"),
     (["--json", "run.md"], "the .md output goes beside the JSON and would replace it"),
-], ids=["n-0", "n-negative", "prompts-missing", "methods-empty", "methods-empty-item", "methods-trailing-comma", "methods-bad-gamma", "methods-twice",
-        "methods-same-twice", "option-twice", "own-option-twice", "json-dot", "json-empty", "json-named-like-its-table"])
+], ids=["n-0", "n-negative", "prompts-missing", "methods-comma-alone", "methods-empty", "methods-empty-item", "methods-blank-item",
+        "methods-trailing-comma", "methods-bad-gamma", "methods-twice", "methods-twice-with-spaces", "methods-same-twice",
+        "option-twice", "own-option-twice", "json-dot", "json-empty", "json-named-like-its-table"])
 def test_bad_bench_values(art: Path, tmp_path: Path, flags: list[str], says: str):
     runtime_fails(bench(art, tmp_path, *flags), says, code=USAGE, unchanged=(art,))
     assert not (tmp_path / "out").exists()
@@ -232,5 +236,35 @@ def test_bench_verify_bound_without_the_certified_head_is_refused(art: Path):
     runtime_fails(["bench-verify", art, "--bound", "cluster"], "--bound goes with --head csv", code=USAGE, unchanged=(art,))
 
 
-def test_bench_screen_format_listed_twice_is_refused(art: Path):
-    runtime_fails(["bench-screen", art, "--formats", "q4_0,q4_0"], "'q4_0' is listed twice", code=USAGE, unchanged=(art,))
+@pytest.mark.parametrize("formats, says", [
+    ("q4_0,q4_0", "lists 'q4_0' twice; list each once: --formats q4_0"),
+    ("q4_0, q4_0 ", "lists 'q4_0' twice; list each once: --formats q4_0"),
+    ("q4_0,,q8_row", "has an empty item (a stray comma?); write --formats q4_0,q8_row"),
+    ("q4_0, ,q8_row", "has an empty item (a stray comma?); write --formats q4_0,q8_row"),
+    ("q4_0,", "has an empty item (a stray comma?); write --formats q4_0"),
+    (",", "names nothing; e.g. --formats q4_0,q8_row"),
+    ("", "names nothing; e.g. --formats q4_0,q8_row"),
+    ("q4_0,q3", "unknown format 'q3'; choose from q4_0, q4_1"),
+], ids=["twice", "twice-with-spaces", "empty-item", "blank-item", "trailing-comma", "comma-alone", "empty", "unknown"])
+def test_bad_bench_screen_formats(art: Path, formats: str, says: str):
+    line = runtime_fails(["bench-screen", art, "--formats", formats], says, code=USAGE, unchanged=(art,))
+    assert "Invalid value for --formats:" in line
+
+
+@pytest.mark.parametrize("trees, says", [
+    ("4,4", "lists '4' twice; list each once: --trees 4"),
+    ("4, 8,4 ", "lists '4' twice; list each once: --trees 4,8"),
+    ("4,,8", "has an empty item (a stray comma?); write --trees 4,8"),
+    ("4, ,8", "has an empty item (a stray comma?); write --trees 4,8"),
+    ("4,", "has an empty item (a stray comma?); write --trees 4"),
+    (",", "names nothing; e.g. --trees 4,8,16"),
+    ("", "names nothing; e.g. --trees 4,8,16"),
+    ("4,x", "'x' is not a node count in 1..64; e.g. --trees 4,8,16, or --trees none"),
+    ("0", "'0' is not a node count in 1..64"),
+    ("65", "'65' is not a node count in 1..64"),
+    ("\u0664", "is not a node count in 1..64"),
+], ids=["twice", "twice-with-spaces", "empty-item", "blank-item", "trailing-comma", "comma-alone", "empty", "not-a-number",
+        "zero", "above-64", "non-ascii-digit"])
+def test_bad_bench_verify_trees(art: Path, trees: str, says: str):
+    line = runtime_fails(["bench-verify", art, "--trees", trees], says, code=USAGE, unchanged=(art,))
+    assert "Invalid value for --trees:" in line
