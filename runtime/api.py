@@ -18,6 +18,7 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -25,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from runtime.checks import require, require_count
+from runtime.checks import first_surrogate, require, require_count
 from runtime.decode import TokenStream
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
 from runtime.prompting import encode_prompt
-from runtime.sampling import MAX_SEED, SamplingParams
+from runtime.sampling import MAX_SEED, MIN_RESPONSE_TOKENS, SamplingParams
 from runtime.session import Session, open_session
 from runtime.stats import DecodeStats
 from runtime.stopping import StopStrings
@@ -85,15 +86,44 @@ def _listed(value, name: str) -> list:
     return list(value)
 
 
-def _check_counts(max_new_tokens, min_response_tokens, seed) -> None:
-    """The integer arguments generate and bench share, each a one-line ValueError when it is not one in range."""
-    require_count("max_new_tokens", max_new_tokens, 1)
-    require_count("min_response_tokens", min_response_tokens, 0, why=" (0 = off)")
-    require_count("seed", seed, 0, MAX_SEED)
+def _check_counts(max_new_tokens, seed) -> tuple[int, int]:
+    """The integer arguments generate and bench share, as Python ints (a numpy integer reaches neither
+    torch's manual_seed nor the bench's JSON record); a one-line ValueError when one is not in range."""
+    return require_count("max_new_tokens", max_new_tokens, 1), require_count("seed", seed, 0, MAX_SEED)
+
+
+def _response_guard(min_response_tokens, chat: bool) -> int:
+    """How many response tokens may not be EOS: min_response_tokens (None: MIN_RESPONSE_TOKENS) with chat,
+    0 without, where a number given would be ignored and is refused."""
+    if min_response_tokens is None:
+        return MIN_RESPONSE_TOKENS if chat else 0
+    count = require_count("min_response_tokens", min_response_tokens, 0, why=" (0 = off)")
+    require(chat, "min_response_tokens", "left at None without chat=True (it guards a chat response's first "
+            "tokens); set chat=True or drop it", min_response_tokens)
+    return count
+
+
+def _check_unicode(name: str, text: str) -> None:
+    """A one-line ValueError when `text` holds a lone surrogate (first_surrogate)."""
+    bad = first_surrogate(text)
+    if bad is not None:
+        raise ValueError(f"{name} holds a lone surrogate {text[bad]!r} at character {bad}, not text a "
+                         "tokenizer encodes; decode its bytes as UTF-8 (errors='replace' keeps the rest)")
+
+
+def _check_path(name: str, value, what: str) -> None:
+    """A TypeError unless `value` is a non-empty str or path (an empty one would read as the current folder,
+    or as no model at all)."""
+    if not (isinstance(value, (str, os.PathLike)) and os.fspath(value)):
+        raise TypeError(f"{name} is {what}, a non-empty str or Path; got {value!r:.80}")
 
 
 def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True) -> "Engine":
     """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`."""
+    _check_path("artifact", artifact, "the path of an artifact directory")
+    if model is not None:
+        _check_path("model", model, "a packaged name, a model directory or a .gguf path (None: the artifact's own)")
+    require(isinstance(progress, bool), "progress", "True or False", progress)
     return Engine(open_session(artifact, model, progress=progress, backend=backend))
 
 
@@ -135,16 +165,22 @@ class Engine:
 
         A prompt that leaves no room in the model's context for one new token is a ValueError giving its
         token count and the limit (a very long text is refused before it is tokenized); so is an id
-        outside the model's vocabulary."""
+        outside the model's vocabulary, empty text, text that holds a lone surrogate, and a batch of several prompts."""
+        require(isinstance(chat, bool), "chat", "True or False", chat)
         limit = self.context_length
         if isinstance(prompt, str):
             if limit and len(prompt) > MAX_CHARS_PER_TOKEN * limit:
                 raise ValueError(f"the prompt is {len(prompt)} characters, more than the model's context of {limit} "
                                  f"tokens can hold ({MAX_CHARS_PER_TOKEN} characters per token at most are allowed); "
                                  "shorten the prompt")
+            if not prompt:  # a tokenizer that adds BOS would otherwise decode from BOS alone
+                raise ValueError("the prompt is empty text; give some text (or token ids: [BOS] alone starts from "
+                                 "nothing)")
+            _check_unicode("the prompt", prompt)
             ids = encode_prompt(self.tokenizer, prompt, chat)
         elif chat:
-            raise ValueError("chat=True wraps prompt text in the chat template; give text, not token ids")
+            raise ValueError("chat=True wraps prompt text (one user turn) in the chat template; give that text as a "
+                             f"string, not token ids or messages: got {prompt!r:.80}")
         else:
             ids = _token_ids(prompt)
         if ids.numel() == 0:
@@ -175,31 +211,35 @@ class Engine:
         sampling: SamplingParams = SamplingParams(),
         max_new_tokens: int = 128,
         chat: bool = False,
-        min_response_tokens: int = 4,
+        min_response_tokens: int | None = None,
         stop: str | Sequence[str] = (),
         seed: int = 0,
     ) -> "Generation":
         """Start decoding `prompt` with `method` (None: default_method()); iterate the result for token ids
         as they are appended.
 
-        min_response_tokens: with chat, no EOS among the first that many response tokens (0 = off).
+        min_response_tokens: with chat, no EOS among the first that many response tokens (None: 4; 0 = off).
         stop: end once the response contains one of these strings (kept in the output); a bare string is one.
+        Every argument is checked before the method is built (which can take seconds: an int8 copy, a drafter model).
         """
-        _check_counts(max_new_tokens, min_response_tokens, seed)
+        max_new_tokens, seed = _check_counts(max_new_tokens, seed)
+        require(isinstance(chat, bool), "chat", "True or False", chat)
+        guard = _response_guard(min_response_tokens, chat)
         stops = [] if stop is None else _listed(stop, "stop")
         require(all(isinstance(text, str) for text in stops), "stop", "a string or a list of strings", stop)
+        for text in stops:
+            _check_unicode("a stop string", text)
         spec = self.default_method() if method is None else as_method_spec(method)
         check_sampling(sampling, [spec])
-        run = self.method(spec)
         ids = self.encode(prompt, chat)
+        stops = StopStrings(self.tokenizer, stops) if stops else None
+        run = self.method(spec)
         room, note = self.room(ids.numel()), None
         if max_new_tokens > room:  # the prompt plus the new tokens stay within the context
             note = (f"note: the prompt ({ids.numel()} tokens) leaves room for {room} new token{'s' * (room != 1)} "
                     f"in the model's context of {self.context_length}; generating at most {room}, not {max_new_tokens}")
             max_new_tokens = room
-        stops = StopStrings(self.tokenizer, stops) if stops else None
         generator = torch.Generator().manual_seed(seed)
-        guard = min_response_tokens if chat else 0
         return Generation(self.tokenizer, run.stream(ids, max_new_tokens, sampling, generator, guard, stops), note)
 
     def bench(
@@ -210,19 +250,21 @@ class Engine:
         sampling: SamplingParams = SamplingParams(),
         seed: int = 0,
         chat: bool = False,
-        min_response_tokens: int = 4,
+        min_response_tokens: int | None = None,
     ) -> dict:
         """Run methods interleaved on the same prompts (ar always among them, first); the JSON record
         `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, the
         target's perplexity of its output, joules per token or null with the reason, ...). A bare string
-        is one method, or one prompt."""
+        is one method, or one prompt. Every argument and prompt is checked before any method is built."""
         from runtime.bench.energy import EnergyMeter
         from runtime.bench.perplexity import perplexity
         from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import kernel_name
 
-        _check_counts(max_new_tokens, min_response_tokens, seed)
+        max_new_tokens, seed = _check_counts(max_new_tokens, seed)
+        require(isinstance(chat, bool), "chat", "True or False", chat)
+        guard = _response_guard(min_response_tokens, chat)
         specs = check_distinct([as_method_spec(m) for m in _listed(methods, "methods")])
         if not any(spec.name == "ar" and spec.backend is None for spec in specs):
             specs.insert(0, parse_method("ar"))  # speedups are always against ar measured in the same run
@@ -230,14 +272,13 @@ class Engine:
         prompts = _listed(prompts, "prompts")
         if not prompts:
             raise ValueError("bench needs at least one prompt")
-        guard = min_response_tokens if chat else 0
-        built = [self.method(spec) for spec in specs]
         ids = [self.encode(text, chat) for text in prompts]
         for i, prompt in enumerate(ids):  # every method runs every prompt to the same length: refuse, not clamp
             if self.room(prompt.numel()) < max_new_tokens:
                 raise ValueError(f"prompt {i} ({prompt.numel()} tokens) leaves room for {self.room(prompt.numel())} "
                                  f"new tokens in the model's context of {self.context_length}, not {max_new_tokens}: "
                                  "lower max_new_tokens (--max-new-tokens) or drop that prompt")
+        built = [self.method(spec) for spec in specs]
         meter = EnergyMeter()
         results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter)
         rss = peak_rss_mib()  # the methods' runs, not the perplexity forwards below
@@ -257,15 +298,19 @@ class Engine:
 
 
 def _token_ids(prompt) -> torch.Tensor:
-    """Token ids [P] of a prompt given as ids (a sequence or tensor of integers); a TypeError for anything else."""
+    """Token ids [P] of a prompt given as ids (a sequence or tensor of integers, [P] or [1, P]); a TypeError
+    for anything else (a bare integer included), a ValueError for a batch of several prompts."""
     try:
         ids = torch.as_tensor(prompt)
     except (RuntimeError, TypeError, ValueError):
         ids = None
-    integers = ids is not None and (ids.numel() == 0 or not (ids.dtype.is_floating_point or ids.dtype.is_complex
-                                                             or ids.dtype == torch.bool))
+    integers = ids is not None and ids.dim() > 0 and (
+        ids.numel() == 0 or not (ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool))
     if not integers:
         raise TypeError(f"a prompt is text or a sequence of token ids (integers), got {prompt!r:.80}")
+    if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
+        raise ValueError(f"a prompt is one sequence of token ids, [P] or [1, P], got shape {list(ids.shape)}: "
+                         "generate one prompt at a time, or give bench a list of prompts")
     return ids.long().flatten()
 
 
@@ -301,14 +346,12 @@ class Generation:
 
     def __iter__(self) -> Iterator[int]:
         """The tokens as they are appended; once the generation is over, nothing more (`tokens` holds them all)."""
-        if self.stats is not None:
-            return
-        if self._started and self._stream.gi_frame is None:  # closed before its end: it cannot resume
-            raise RuntimeError("this generation was stopped before its end (its iteration was closed); "
-                               "its tokens so far are in .tokens: call engine.generate again for a new one")
         self._started = True
         try:
-            while True:
+            while self.stats is None:  # another iterator over this generation (wait()) may end it first
+                if self._stream.gi_frame is None:  # closed before its end (by any iterator): it cannot resume
+                    raise RuntimeError("this generation was stopped before its end (its iteration was closed); "
+                                       "its tokens so far are in .tokens: call engine.generate again for a new one")
                 try:
                     token = next(self._stream)
                 except StopIteration as done:

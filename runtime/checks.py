@@ -57,3 +57,9 @@ def comma_items(text: str, option: str, example: str) -> list[str]:
         twice = next(item for i, item in enumerate(items) if item in items[:i])
         raise ValueError(f"{text!r} lists {twice!r} twice; list each once: {option} {','.join(kept)}")
     return items
+
+
+def first_surrogate(text: str) -> int | None:
+    """The index of text's first lone surrogate, or None: the mark of a byte that was not UTF-8 (Python
+    decodes one with errors='surrogateescape', as it does argv), which no tokenizer encodes."""
+    return next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)

@@ -29,6 +29,9 @@ MAX_SEED = 2**63 - 1
 # The smallest temperature above 0 (greedy): below it sampling is greedy in all but name, and near 1e-38
 # logits / temperature overflow float32 (1e-38 ended a text after one token).
 MIN_TEMPERATURE = 1e-6
+# With chat, no EOS among the response's first this many tokens unless asked otherwise (--min-response-tokens,
+# min_response_tokens=): an instruct model's first token is otherwise sometimes its end.
+MIN_RESPONSE_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,10 @@ class SamplingParams:
         if self.epsilon is not None and (self.top_k or self.top_p < 1):
             raise ValueError("epsilon applies to plain temperature sampling: drop top_k and top_p (--top-k, --top-p) "
                              "or epsilon")
+        # Plain Python numbers from here on: a numpy scalar would reach the bench's JSON record as itself.
+        for name, kind in (("temperature", float), ("top_k", int), ("top_p", float), ("epsilon", float)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, kind(getattr(self, name)))
 
     def for_vocab(self, vocab_size: int) -> "SamplingParams":
         """These parameters over a vocabulary of `vocab_size` tokens: a top_k of at least it cuts nothing (0)."""

@@ -21,7 +21,7 @@ class StopStrings:
     def __init__(self, tokenizer, stops) -> None:
         self.stops = tuple(stops)
         if not self.stops or any(not stop for stop in self.stops):
-            raise ValueError("stop strings must be non-empty text; drop empty --stop values")
+            raise ValueError("stop strings must be non-empty text; drop the empty --stop values (stop=)")
         self.tokenizer = tokenizer
         self.longest = max(len(stop) for stop in self.stops)
 

@@ -52,3 +52,8 @@ def test_bench_chat_records_the_guard_and_stays_identical(tiny_model_dir, tmp_pa
         record = json.loads(out.read_text())
         assert record["setup"]["min_response_tokens"] == guard
         assert all(row["identical_to_greedy"] == 1.0 for row in record["methods"])
+    from runtime import api
+
+    engine = api.load(art, progress=False)  # the API's default guard is the CLI's: 4 with chat, none without
+    assert engine.bench("ar", "w5 w6 w7", max_new_tokens=2, chat=True)["setup"]["min_response_tokens"] == 4
+    assert engine.bench("ar", "w5 w6 w7", max_new_tokens=2)["setup"]["min_response_tokens"] == 0

@@ -10,6 +10,7 @@ import click
 from artifacts import ArtifactError
 from runtime.cli import values
 from runtime.models import ModelError
+from runtime.sampling import MIN_RESPONSE_TOKENS
 
 
 def clean_errors(command):
@@ -101,7 +102,7 @@ def sampling_params(temperature, top_k, top_p, epsilon):
 
 
 min_response_option = click.option(
-    "--min-response-tokens", type=values.NON_NEGATIVE, default=4, show_default=True,
+    "--min-response-tokens", type=values.NON_NEGATIVE, default=MIN_RESPONSE_TOKENS, show_default=True,
     help="With --chat: no EOS among the first N response tokens, in drafts or the target's choice (0 = off).")
 
 

@@ -62,7 +62,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
         click.echo(f"note: {prompt_source} holds {len(texts)} prompts, fewer than -n {num_prompts}; running those",
                    err=True)
     engine = api.load(artifact, model, backend=backend)
-    record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens)
+    record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
     click.echo(markdown_table(record["methods"]))  # printed first: an output that fails to write loses nothing

@@ -119,7 +119,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     api.check_sampling(params, [spec] if spec is not None else [])
     engine = api.load(artifact, model, backend=backend)
     spec = spec or engine.default_method()
-    run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens, stops, seed)
+    run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens if chat else None, stops, seed)
     if run.note:
         click.echo(run.note, err=True)
     stream = TextStream(engine.tokenizer, lambda s: (sys.stdout.write(s), sys.stdout.flush()))

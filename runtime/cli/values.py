@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from runtime.checks import first_surrogate
 from runtime.data import PACKAGED_SOURCES, prompts_from_file
 from runtime.kernels.build import usable_cores
 from runtime.sampling import MAX_SEED, SamplingParams
@@ -112,7 +113,7 @@ class Text(click.ParamType):
         self.nonempty = nonempty
 
     def convert(self, value, param, ctx):
-        bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+        bad = first_surrogate(value)
         if bad is not None:
             self.fail(f"holds a byte that is not UTF-8 (character {bad}); pass UTF-8 text, or put the text in a "
                       "UTF-8 file and use --prompt-file", param, ctx)
