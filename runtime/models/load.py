@@ -14,8 +14,9 @@ import torch
 
 from artifacts.fingerprint import ModelInfo, tensor_sha256, vocab_sha256
 from runtime.models.cache import read_provenance, update_provenance
-from runtime.models.registry import ModelError
+from runtime.models.registry import ModelError, first_line
 from runtime.models.resolve import ResolvedModel, resolve_model
+from runtime.models.tokenizer import load_tokenizer
 
 INFO_FIELDS = ("architecture", "vocab_size", "hidden_size", "lm_head_sha256", "vocab_sha256")
 
@@ -40,13 +41,13 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str = "
     weights=False skips the fp32 weights (for the native GGUF backend, which reads `gguf_path`): the
     fingerprint then comes from the cache's provenance record, or from the head tensor alone.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     resolved = resolve_model(spec, progress=progress)
     hf_logging.disable_progress_bar()  # a cached safetensors load takes seconds: no bar needed
     config = _load(AutoConfig.from_pretrained, resolved.path)
-    tokenizer = _load(AutoTokenizer.from_pretrained, resolved.path)
+    tokenizer = _load(load_tokenizer, resolved.path)  # from a JSON cache beside a cache entry (tokenizer.py)
     cached = _cached_fields(resolved.path)
     if not weights:
         fields = cached or _fields_from_files(resolved.path, config, tokenizer)
@@ -119,6 +120,5 @@ def _load(loader: Callable[..., Any], path: Path, **kwargs: Any) -> Any:
     try:
         return loader(path, **kwargs)
     except (OSError, ValueError, KeyError, safetensors.SafetensorError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelError(f"cannot load {path} ({first}); check the directory, or re-save the model with "
+        raise ModelError(f"cannot load {path} ({first_line(e)}); check the directory, or re-save the model with "
                          "save_pretrained(safe_serialization=True)") from None

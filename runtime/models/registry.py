@@ -20,6 +20,11 @@ DEFAULT_MODEL = "gemma3-270m"
 _BLOCK = 1 << 20
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none), for one-line errors."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 class ModelError(Exception):
     """A model could not be resolved or loaded; str(e) is one line that names the fix."""
 

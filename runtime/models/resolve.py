@@ -31,7 +31,7 @@ from runtime.models.cache import (
     update_provenance,
     write_provenance,
 )
-from runtime.models.registry import ModelError, PackagedModel
+from runtime.models.registry import ModelError, PackagedModel, first_line
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def check_gguf(path: Path) -> None:
         if end > path.stat().st_size:
             raise ValueError(f"its tensors need {end} bytes, the file has {path.stat().st_size}")
     except Exception as e:  # gguf-py reports damage as ValueError, struct.error, IndexError, ...
-        raise ModelError(f"{path} is not a readable GGUF file ({_first_line(e)}): it is truncated or damaged; "
+        raise ModelError(f"{path} is not a readable GGUF file ({first_line(e)}): it is truncated or damaged; "
                          "copy or download it again") from None
 
 
@@ -171,7 +171,7 @@ def _convert(gguf: Path, out: Path, log: _Log) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         except (ValueError, OSError, KeyError) as e:
             raise ModelError(
-                f"transformers cannot load {gguf} ({_first_line(e)}); "
+                f"transformers cannot load {gguf} ({first_line(e)}); "
                 "use a GGUF of an architecture transformers supports, or a Hugging Face directory"
             ) from e
     # A GGUF-loaded model refuses save_pretrained while it still looks quantized.
@@ -216,8 +216,3 @@ def _step(log: _Log, what: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     log(f"{what}: done in {time.perf_counter() - start:.1f} s")
-
-
-def _first_line(e: BaseException) -> str:
-    """Return the first line of an exception's message."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
