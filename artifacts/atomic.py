@@ -50,14 +50,28 @@ def writer_pid(entry_name: str) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Return whether a process with this id exists."""
+    """Return whether a process with this id runs: it exists and has not exited.
+
+    A killed process stays a zombie until its parent reaps it, and a multithreaded one takes a
+    moment to exit after kill -9; either would otherwise hold a lock, or keep its leftovers, as if
+    it still wrote.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not exited(pid)
+
+
+def exited(pid: int) -> bool:
+    """Return whether a process has exited but is not reaped yet (a zombie; Linux's /proc, elsewhere False)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
 
 
 def is_dead_leftover(entry_name: str) -> bool:

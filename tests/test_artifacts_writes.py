@@ -122,6 +122,25 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(art: Arti
     assert sorted(p.name for p in art.path.iterdir()) == ["clusters.safetensors", MANIFEST_FILE, "screen.safetensors"]
 
 
+def test_a_killed_writer_not_yet_reaped_is_dead(art: Artifact) -> None:
+    """kill -9 leaves a zombie until the parent waits (an orchestrating script, a slow exit): its lock and its
+    leftovers are a dead writer's, not a live one's that a rerun must wait for."""
+    from artifacts.atomic import LOCK_FILE, pid_alive
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        killed.kill()
+        while open(f"/proc/{killed.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            pass  # the kill is asynchronous
+        assert not pid_alive(killed.pid)
+        (art.path / LOCK_FILE).write_text(f"{killed.pid}\n")
+        (art.path / f".tmp-{killed.pid}-abcd-screen").mkdir()
+        art.write_stage(Stage.SCREEN, *stage_data(Stage.SCREEN)[:2])
+    finally:
+        killed.wait()
+    assert sorted(p.name for p in art.path.iterdir()) == ["clusters.safetensors", MANIFEST_FILE, "screen.safetensors"]
+
+
 def test_files_get_the_umask_mode(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
