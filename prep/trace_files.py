@@ -2,7 +2,8 @@
 
 Every reader goes through `read_index` and `shard_tensors`, so a damaged folder (an index that is
 not JSON or not of the index's shape, a shard file missing, truncated or failing the sha256 its
-index entry records) is refused in one line naming the file and the fix. `writing_traces` refuses
+index entry records) is refused in one line naming the file and the fix; `traces_of`, the check every
+consumer runs first, also refuses an unfinished folder (an interrupted run). `writing_traces` refuses
 a folder that cannot hold traces (a file, a specvocab artifact) and holds the folder's writer lock,
 so two traces runs never write one folder.
 """
@@ -68,6 +69,8 @@ def _index_problem(index) -> str | None:
         return 'its "shards" are not a list of {"file": "shard-NNNNN.safetensors", ...} entries'
     if not all(_checksum_fields(e) is not None for e in shards):
         return "a shard's sha256 and bytes are not text and an integer >= 0, nor both absent"
+    if not isinstance(index.get("finished", True), bool):  # absent in folders written before it was recorded
+        return '"finished" is not true or false'
     return None
 
 
@@ -80,8 +83,12 @@ def _checksum_fields(entry: dict) -> tuple | None:
 
 
 def traces_of(out: str | Path, model_name: str, vocab_size: int) -> dict:
-    """The index of a traces folder made by `model_name`; another model's traces are refused naming the fix."""
+    """The index of a finished traces folder made by `model_name`; an unfinished one, or another model's, is refused
+    naming the fix."""
     index = read_index(out)
+    if not index.get("finished", True):
+        raise ValueError(f"{out} holds unfinished traces (an interrupted run, {len(index['shards'])} shards written); rerun "
+                         f"the command that wrote them (prep traces, or prep all --with-router) to finish, or delete {out}")
     if index["model"] != model_name or index["vocab_size"] != vocab_size:
         raise ValueError(f"{out} holds traces of {index['model']} (vocabulary {index['vocab_size']}), not of "
                          f"{model_name} ({vocab_size}); run: prep traces {model_name} -o NEW_DIR, then pass --traces NEW_DIR")

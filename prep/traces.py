@@ -15,7 +15,8 @@ rerun therefore finds the same shards: a shard whose file is intact and whose in
 unchanged is skipped. A rerun may add traces (a larger budget) but, without --force, neither
 change their settings nor remove or shorten them; --force allows that, rebuilding every shard
 whose entry changed (intact shards of the same settings are kept). Shards and the
-index are written atomically (temporary sibling, fsync, rename); prep/trace_files.py reads them.
+index are written atomically (temporary sibling, fsync, rename); prep/trace_files.py reads them, and
+refuses a folder whose index does not say `finished` (written last, once every shard is).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import safetensors.torch
 import torch
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
+from artifacts.writing import save_tensors
 from prep.trace_files import (CHECKSUM_FIELDS, INDEX_FILE, TRACES_FORMAT, read_index, remove_unlisted_shards, shard_checksum,
                               shard_intact, shard_name, write_index, writing_traces)
 from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
@@ -242,7 +243,7 @@ def build_traces(
         # or rebuilding the rest; a shard is kept where its planned texts did not change (its index entry).
         same = previous is not None and not changed_settings(previous, settings)
         done = {e["file"]: e for e in previous["shards"] if e.get("complete")} if same else {}
-        index = {**settings, "shards": []}
+        index = {**settings, "finished": False, "shards": []}  # readers refuse the folder until the end
 
         # The intact shards already written to their plans (checked once: a shard's sha256 reads the file).
         kept = {p.name: e for p in plans if (e := done.get(p.name)) is not None and _planned(e) == p.entry()
@@ -258,10 +259,12 @@ def build_traces(
                         later = [kept[p.name] for p in plans[position + 1:] if p.name in kept]
                         write_index(out, {**index, "shards": index["shards"] + later})
                     tensors = run_shard(target, plan, settings["drafter_layers"], bar)
-                    atomic_write(out / plan.name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp)))
+                    atomic_write(out / plan.name, lambda tmp: save_tensors(tensors, tmp))
                     entry = {**plan.entry(), **shard_checksum(out / plan.name)}
                 index["shards"].append(entry)
                 write_index(out, index)  # after every shard, so an interrupted run resumes here
+        index["finished"] = True
+        write_index(out, index)
         remove_unlisted_shards(out, index)
     return index
 

@@ -56,6 +56,22 @@ def shard_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if SHARD_NAME.fullmatch(p.name))
 
 
+def interrupt_at_shard(monkeypatch, number: int):
+    """Make prep traces stop as at Ctrl-C when it starts its `number`-th shard; return the real run_shard."""
+    from prep import traces
+
+    real, calls = traces.run_shard, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == number:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(traces, "run_shard", interrupted)
+    return real
+
+
 # 1. Damaged traces: one line naming the file and the fix, from every reader.
 
 def test_a_truncated_shard_is_named_and_a_rerun_redoes_it(tr: Path, art: Path, tiny_model: Path, corpus: Path):
@@ -299,16 +315,8 @@ def test_prep_all_names_its_traces_option(art: Path, tr: Path, tiny_model: Path,
 def test_ctrl_c_in_traces_keeps_complete_shards(tmp_path: Path, tiny_model: Path, corpus: Path, monkeypatch):
     from prep import traces
 
-    real, calls = traces.run_shard, []
-
-    def second_interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
+    real = interrupt_at_shard(monkeypatch, 2)
     out = tmp_path / "tr"
-    monkeypatch.setattr(traces, "run_shard", second_interrupted)
     prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES],
                "interrupted; complete shards are kept: rerun the same command to resume", code=130)
     first = (out / "shard-00000.safetensors").read_bytes()
@@ -375,3 +383,37 @@ def test_bad_router_hidden_before_any_work(art: Path, tmp_path: Path, hidden: st
     """--hidden's form is checked before the model loads and k-means runs."""
     prep_fails(["train-router", art, "--traces", tmp_path, "--hidden", hidden], "--hidden must be 'final' or 'layers:N' with N >= 1",
                unchanged=(art,))
+
+
+def test_an_interrupted_traces_folder_is_refused_by_its_readers(tmp_path: Path, tiny_model: Path, corpus: Path, art: Path,
+                                                                 monkeypatch):
+    """A folder whose run was stopped holds only some of its shards: every reader names it unfinished and the fix,
+    and the rerun that finishes it makes it readable."""
+    from prep import traces
+
+    real = interrupt_at_shard(monkeypatch, 3)
+    out = tmp_path / "tr"
+    prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES], "interrupted", code=130)
+    assert json.loads((out / INDEX_FILE).read_text())["finished"] is False
+    for args in (["bake-onedecode", art, "--traces", out], ["gp-basis", art, "--traces", out],
+                 ["train-router", art, "--traces", out, *ROUTER]):
+        prep_fails(args, f"{out} holds unfinished traces (an interrupted run, 2 shards written)",
+                   "rerun the command that wrote them", unchanged=(art, out))
+    monkeypatch.setattr(traces, "run_shard", real)
+    prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES])
+    assert json.loads((out / INDEX_FILE).read_text())["finished"] is True
+    prep_ok(["gp-basis", art, "--traces", out])
+
+
+def test_a_finished_flag_that_is_not_a_boolean_is_a_damaged_index(tr: Path, art: Path):
+    index = json.loads((tr / INDEX_FILE).read_text())
+    (tr / INDEX_FILE).write_text(json.dumps({**index, "finished": "yes"}))
+    prep_fails(["gp-basis", art, "--traces", tr], f'{tr / INDEX_FILE} is not a traces index ("finished" is not true or false)',
+               unchanged=(art, tr))
+
+
+def test_traces_written_before_the_finished_flag_still_read(tr: Path, art: Path):
+    index = json.loads((tr / INDEX_FILE).read_text())
+    del index["finished"]
+    (tr / INDEX_FILE).write_text(json.dumps(index))
+    prep_ok(["gp-basis", art, "--traces", tr])
