@@ -19,6 +19,8 @@ from artifacts.manifest import FileRecord, Manifest, check_plain_filename, file_
 from artifacts.schema import SCHEMAS
 
 STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# How safetensors reports a failed write (a full disk, a vanished folder): the OS error number is in its message.
+SAFETENSORS_IO_ERROR = re.compile(r"I/O error: .*\(os error (\d+)\)")
 
 
 def check_output_dir(path: Path, force: bool = False) -> None:
@@ -63,9 +65,7 @@ def write_files(
     """Write and fsync a stage's files into `dest`; return their records, tensors file first."""
     dest.mkdir()
     tensor_path = dest / tensor_filename(name)
-    safetensors.torch.save_file(
-        {key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}, str(tensor_path)
-    )
+    save_tensors({key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}, tensor_path)
     for filename, data in extra_files.items():
         (dest / filename).write_bytes(data)
     mode = 0o666 & ~current_umask()  # safetensors creates 0600; an artifact is shared data
@@ -73,6 +73,23 @@ def write_files(
         os.chmod(path, mode)
         fsync_file(path)
     return {filename: file_record(dest / filename) for filename in [tensor_path.name, *extra_files]}
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write a safetensors file; a failed write (a full disk) raises the OSError it is, which prep reports in one line."""
+    try:
+        safetensors.torch.save_file(tensors, str(path))
+    except safetensors.SafetensorError as e:
+        error = io_error(e, path)
+        if error is None:
+            raise
+        raise error from None
+
+
+def io_error(error: Exception, path: Path) -> OSError | None:
+    """The OSError behind a safetensors write failure, or None for a failure of another kind."""
+    match = SAFETENSORS_IO_ERROR.search(str(error))
+    return None if match is None else OSError(int(match[1]), os.strerror(int(match[1])), str(path))
 
 
 def swap_in(

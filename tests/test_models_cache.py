@@ -63,6 +63,24 @@ def test_gguf_conversion_is_cached_once_and_published_atomically(tmp_path: Path,
     assert resolve_model(str(first.path)).source == first.source
 
 
+def test_a_full_disk_during_a_conversion_names_the_cache_and_the_fix(toy_gguf: Path, private_cache: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """safetensors reports ENOSPC as its own error: one ModelError naming the cache folder and $SPECVOCAB_CACHE,
+    and nothing half-written is kept."""
+    import safetensors
+
+    def convert(gguf: Path, out: Path, log) -> dict:
+        out.mkdir()
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(resolve, "_convert", convert)
+    models = private_cache / "models"
+    with pytest.raises(ModelError, match=rf"cannot write the model cache {models} \(No space left on device\); free space "
+                                         "there or set SPECVOCAB_CACHE to a folder with room"):
+        resolve_model(str(toy_gguf), progress=False)
+    assert list(models.iterdir()) == []
+
+
 def test_leftovers_of_killed_imports_are_removed(tmp_path: Path, toy_gguf: Path, private_cache: Path,
                                                  monkeypatch: pytest.MonkeyPatch):
     models = private_cache / "models"

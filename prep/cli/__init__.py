@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import click
 
+from artifacts.format import TMP_PREFIX
 from runtime.cli import OneLineGroup
 from runtime.cli import clean_errors as runtime_clean_errors
 from runtime.cli.values import Integer
@@ -37,11 +39,18 @@ def clean_errors(command=None, *, interrupted: str = STAGES_KEPT):
             click.echo(f"Error: interrupted; {interrupted}", err=True)
             raise click.exceptions.Exit(130) from None
         except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
+            where = f" ({written_place(e.filename)})" if e.filename else ""
             raise click.ClickException(f"{e.strerror or e}{where}; free space or choose a writable place, "
                                        "then rerun the same command") from None
 
     return wrapper
+
+
+def written_place(filename) -> str:
+    """The path to name for a failed write: the folder holding a temporary, not the temporary (gone by now)."""
+    parts = Path(filename).parts
+    first = next((i for i, part in enumerate(parts) if part.startswith(TMP_PREFIX)), None)
+    return str(Path(*parts[:first])) if first else str(filename)
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -16,8 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from safetensors import SafetensorError
+
 from artifacts.format import TMP_PREFIX
 from artifacts.atomic import atomic_write_json, current_umask, fsync_dir, fsync_file, remove_dead_leftovers
+from artifacts.writing import io_error
 from runtime.models.registry import ModelError
 
 CACHE_ENV = "SPECVOCAB_CACHE"
@@ -109,6 +112,12 @@ def staging(target: Path, log) -> Iterator[Path]:
                 raise
         fsync_dir(target.parent)
         log(f"cached at {target}")
+    except SafetensorError as e:  # the weights failed to write: a full disk, most likely
+        error = io_error(e, target.parent)
+        if error is None:
+            raise
+        raise ModelError(f"cannot write the model cache {target.parent} ({error.strerror}); "
+                         f"free space there or set {CACHE_ENV} to a folder with room, then run again") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,4 +1,4 @@
-"""Concurrent writers and interrupted `prep cluster` runs (kill -9 and Ctrl-C at several points).
+"""Concurrent writers, interrupted `prep cluster` runs (kill -9 and Ctrl-C at several points) and a full disk.
 
 A run with $SPECVOCAB_PAUSE_AT=<point> stops itself there (artifacts.atomic.pause_point), so the
 test kills it at exactly that point. After any interruption: the artifact reads as valid (the old
@@ -19,7 +19,7 @@ import pytest
 
 from artifacts import Artifact
 from artifacts.atomic import LOCK_FILE, PAUSE_ENV
-from bad_helpers import TINY_CLUSTERS, error_line, prep_process, snapshot
+from bad_helpers import TINY_CLUSTERS, error_line, prep_fails, prep_process, snapshot
 
 
 def wait_stopped(proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -142,3 +142,28 @@ def test_a_reader_during_a_forced_rewrite_sees_old_or_new(tmp_path: Path, tiny_m
     tensors = reader.read_stage("clusters")  # retries while the writer is alive, then sees the new manifest
     assert writer.wait(timeout=120) == 0
     assert tensors["radii"].shape != old.shape and reader.stage_params("clusters")["clusters_requested"] == 4
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "forced-rewrite"])
+def test_a_full_disk_is_one_line_naming_the_folder_and_loses_nothing(tmp_path: Path, tiny_model: Path, built_artifact: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch, existing: bool):
+    """safetensors reports ENOSPC as its own error: prep names the artifact's folder (not the temporary, gone by
+    then) and the fix, leaves no new folder, and a forced rewrite keeps the old stages whole."""
+    import shutil
+
+    import safetensors
+    import safetensors.torch
+
+    def disk_full(tensors, filename, metadata=None):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    out = Path(shutil.copytree(built_artifact, tmp_path / "art")) if existing else tmp_path / "art"
+    before = snapshot(out) if existing else None
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    line = prep_fails(["cluster", tiny_model, "-o", out, *TINY_CLUSTERS, *(["--force"] if existing else [])],
+                      f"No space left on device ({out}); free space or choose a writable place, then rerun the same command")
+    assert ".tmp-" not in line
+    if existing:
+        assert snapshot(out) == before and Artifact.open(out).stages == ["clusters", "screen"]
+    else:
+        assert not out.exists()
