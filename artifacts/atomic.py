@@ -97,7 +97,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call write(tmp) to create a temporary sibling of `path`, fsync it, rename it over `path`.
 
     The file gets the umask's mode whatever mode `write` created it with. A failure or an interrupt
-    leaves `path` as it was and removes the temporary.
+    leaves `path` as it was and removes the temporary; an OSError (a full disk) names `path`, not the
+    temporary, which is gone by then.
     """
     tmp = path.parent / tmp_name(path.name)
     try:
@@ -105,6 +106,9 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.chmod(tmp, 0o666 & ~current_umask())  # some writers (safetensors) create 0600
         fsync_file(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

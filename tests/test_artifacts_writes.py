@@ -161,3 +161,24 @@ def test_a_foreign_directory_with_stage_files_needs_force(tmp_path: Path) -> Non
     assert sorted(p.name for p in out.iterdir()) == ["clusters.safetensors"]
     Artifact.create(out, make_model(), VERSION, force=True).write_stage(
         Stage.CLUSTERS, cluster_tensors(), CLUSTER_PARAMS, force=True)
+
+
+@pytest.mark.parametrize("filename", [None, "tmp"], ids=["unnamed", "names-the-temporary"])
+def test_a_failed_atomic_write_names_the_file_it_replaces(tmp_path: Path, filename: str | None) -> None:
+    """A full disk during a write (matplotlib's names no file; a plain write names the temporary) is reported
+    as the target's, whose old bytes stay; the temporary is removed."""
+    import errno
+
+    from artifacts.atomic import atomic_write
+
+    target = tmp_path / "run.md"
+    target.write_text("old")
+
+    def disk_full(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *([str(tmp)] if filename else []))
+
+    with pytest.raises(OSError) as raised:
+        atomic_write(target, disk_full)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(target))
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.md"]
