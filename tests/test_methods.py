@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from factories import tiny_artifact

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -12,13 +11,11 @@ import pytest
 import torch
 
 from artifacts.fingerprint import ModelInfo, ModelSource, tensor_sha256, vocab_sha256
-from factories import save_tiny_model_dir
+from factories import in_user_cache, save_tiny_model_dir
 from runtime.models import DEFAULT_MODEL, PACKAGED, ModelError, load_model, registry, resolve_model
-from runtime.models.cache import CACHE_ENV
 from runtime.models.registry import Chunk, PackagedModel
 
 pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: never the user's model cache
-USER_CACHE = os.environ.get(CACHE_ENV)
 
 
 def _fake_packaged(tmp_path: Path, contents: list[bytes], **overrides) -> tuple[PackagedModel, list[Path]]:
@@ -115,18 +112,10 @@ def test_fingerprint_does_not_depend_on_the_load_dtype(tmp_path: Path):
     assert bf16.info == f32.info
 
 
-def _use_user_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Undo private_cache: converting a real model takes minutes, so reuse `prep import`'s cache."""
-    if USER_CACHE is None:
-        monkeypatch.delenv(CACHE_ENV)
-    else:
-        monkeypatch.setenv(CACHE_ENV, USER_CACHE)
-
-
 @pytest.mark.real_model
-def test_gemma_loads_through_the_registry(monkeypatch: pytest.MonkeyPatch):
-    _use_user_cache(monkeypatch)
-    loaded = load_model("gemma3-270m", progress=False)
+def test_gemma_loads_through_the_registry():
+    with in_user_cache():  # converting a real model takes minutes: reuse `prep import`'s cache
+        loaded = load_model("gemma3-270m", progress=False)
     assert (loaded.info.vocab_size, loaded.info.hidden_size) == (262_144, 640)
     assert loaded.info.architecture == "gemma3_text"
     assert loaded.info.source == ModelSource("packaged", name="gemma3-270m", gguf_sha256=PACKAGED["gemma3-270m"].sha256)
@@ -137,9 +126,9 @@ def test_gemma_loads_through_the_registry(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.real_model
-def test_qwen_keeps_its_separate_lm_head(monkeypatch: pytest.MonkeyPatch):
-    _use_user_cache(monkeypatch)
-    loaded = load_model("qwen2.5-coder-0.5b-instruct", progress=False)
+def test_qwen_keeps_its_separate_lm_head():
+    with in_user_cache():
+        loaded = load_model("qwen2.5-coder-0.5b-instruct", progress=False)
     assert (loaded.info.vocab_size, loaded.info.hidden_size) == (151_936, 896)
     assert loaded.model.config.tie_word_embeddings is False
     head, embed = loaded.model.get_output_embeddings().weight, loaded.model.get_input_embeddings().weight

@@ -19,8 +19,9 @@ from runtime.kernels import SKINNY_MAX_ROWS, QuantMatrix, dequantize, kernel_nam
 from runtime.kernels import build, lanes, quant
 from runtime.kernels.lanes import LANES_TYPES
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch, from_lanes, kernel_layout, row_bytes, to_lanes
+from runtime.models import resolve_model
 
-from factories import USER_CACHE, compiled_module, random_matrix
+from factories import compiled_module, in_user_cache, random_matrix
 
 TYPES = [pytest.param(t, id=t.name) for t in SUPPORTED_GGML_TYPES]
 
@@ -209,27 +210,19 @@ def test_torch_override_falls_back_to_dequantize_and_matmul(monkeypatch) -> None
         build.active.cache_clear()
 
 
-def packaged_gguf(name: str, tmp_path_factory) -> Path:
-    """The packaged model's assembled .gguf: from the model cache, else assembled from installed packages."""
-    from runtime.models import registry
-
-    model = registry.PACKAGED[name]
-    root = Path(USER_CACHE).expanduser() if USER_CACHE else Path.home() / ".cache" / "specvocab"
-    cached = root / "models" / name / model.gguf_name
-    if cached.is_file():
-        return cached
-    if registry.missing_chunks(model):
-        pytest.skip(f"{name} is not installed (prep import {name})")
-    return registry.assemble(model, registry.ensure_installed(model, print), tmp_path_factory.mktemp(name))
+def packaged_gguf(name: str) -> Path:
+    """The packaged model's assembled .gguf, from the user's model cache (imported there on first use)."""
+    with in_user_cache():
+        return resolve_model(name, progress=False).gguf_path
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", ["gemma3-270m", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
-def test_real_tensors_bit_identical_to_gguf(name: str, tmp_path_factory) -> None:
+def test_real_tensors_bit_identical_to_gguf(name: str) -> None:
     """Every tensor of the file: a slice of rows exact; per type, the block GEMM equals the fp32 one."""
     from runtime.backends.gguf_file import GGUFFile  # the native backend's reader: what its kernels get
 
-    file = GGUFFile(packaged_gguf(name, tmp_path_factory))
+    file = GGUFFile(packaged_gguf(name))
     seen: set[int] = set()
     g = torch.Generator().manual_seed(0)
     for info in file.tensors.values():

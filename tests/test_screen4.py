@@ -12,7 +12,7 @@ from factories import make_tiny_head
 from head_factories import screen_bound
 from prep.screen4 import build_screen4, check_screen4_shape, hidden_basis, quantize_int4
 from runtime.heads.screen4_bound import MAX_ROWS, Screen4Bound
-from runtime.kernels import _screen4_torch, build, pack_screen4, screen4_gemv, unpack_int4
+from runtime.kernels import _screen4_torch, build, pack_screen4, unpack_int4
 from runtime.kernels.screen4_panels import PANEL_ROWS
 from test_screen_int16 import adversarial_hidden, reference_split
 

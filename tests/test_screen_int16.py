@@ -16,7 +16,7 @@ from factories import make_tiny_head
 from head_factories import exact_logits, screen_bound
 from prep.screen import quantize_int8
 from runtime.heads.screen_bound import _SLACK
-from runtime.kernels import build, screen_gemv_int16, screen_select
+from runtime.kernels import build, screen_select
 
 
 INT16_PATHS = ["avx512", "avx2"]  # the compiled paths with an int16 screen

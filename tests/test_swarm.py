@@ -7,7 +7,6 @@ on real gemma3-270m, greedy identity with ar for swarm:int8 and swarm:layers.
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 

