@@ -63,14 +63,19 @@ def test_gguf_conversion_is_cached_once_and_published_atomically(tmp_path: Path,
     assert resolve_model(str(first.path)).source == first.source
 
 
+@pytest.mark.parametrize("writer", ["safetensors", "plain"])
 def test_a_full_disk_during_a_conversion_names_the_cache_and_the_fix(toy_gguf: Path, private_cache: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch):
-    """safetensors reports ENOSPC as its own error: one ModelError naming the cache folder and $SPECVOCAB_CACHE,
-    and nothing half-written is kept."""
+                                                                      monkeypatch: pytest.MonkeyPatch, writer: str):
+    """A full disk while the weights (safetensors' own error) or the assembled .gguf (an OSError) are written: one
+    ModelError naming the cache folder and $SPECVOCAB_CACHE, and nothing half-written is kept."""
+    import errno
+
     import safetensors
 
     def convert(gguf: Path, out: Path, log) -> dict:
         out.mkdir()
+        if writer == "plain":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "model.gguf"))
         raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(resolve, "_convert", convert)

@@ -8,6 +8,7 @@ import leaves nothing that looks like an entry, and the next import deletes its 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from artifacts.writing import io_error
 from runtime.models.registry import ModelError
 
 CACHE_ENV = "SPECVOCAB_CACHE"
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # the write errors a cache folder with room would not give
 PROVENANCE_FILE = "specvocab_model.json"
 
 
@@ -112,10 +114,12 @@ def staging(target: Path, log) -> Iterator[Path]:
                 raise
         fsync_dir(target.parent)
         log(f"cached at {target}")
-    except SafetensorError as e:  # the weights failed to write: a full disk, most likely
-        error = io_error(e, target.parent)
+    except (OSError, SafetensorError) as e:  # the assembled file or the weights failed to write: a full disk?
+        error = e if isinstance(e, OSError) else io_error(e, target.parent)
         if error is None:
             raise
+        if error.errno not in NO_ROOM:
+            raise error from None
         raise ModelError(f"cannot write the model cache {target.parent} ({error.strerror}); "
                          f"free space there or set {CACHE_ENV} to a folder with room, then run again") from None
     finally:
