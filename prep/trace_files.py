@@ -87,7 +87,8 @@ def traces_of(out: str | Path, model_name: str, vocab_size: int) -> dict:
     naming the fix."""
     index = read_index(out)
     if not index.get("finished", True):
-        raise ValueError(f"{out} holds unfinished traces (an interrupted run, {len(index['shards'])} shards written); rerun "
+        written = len(index["shards"])
+        raise ValueError(f"{out} holds unfinished traces (a run that stopped after {written} shard{'s' * (written != 1)}); rerun "
                          f"the command that wrote them (prep traces, or prep all --with-router) to finish, or delete {out}")
     if index["model"] != model_name or index["vocab_size"] != vocab_size:
         raise ValueError(f"{out} holds traces of {index['model']} (vocabulary {index['vocab_size']}), not of "
