@@ -34,10 +34,7 @@ def clean_errors(command=None, *, interrupted: str = STAGES_KEPT):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            return runtime_clean_errors(command)(*args, **kwargs)
-        except KeyboardInterrupt:
-            click.echo(f"Error: interrupted; {interrupted}", err=True)
-            raise click.exceptions.Exit(130) from None
+            return runtime_clean_errors(command, interrupted=interrupted)(*args, **kwargs)
         except OSError as e:
             where = f" ({written_place(e.filename)})" if e.filename else ""
             raise click.ClickException(f"{e.strerror or e}{where}; free space or choose a writable place, "

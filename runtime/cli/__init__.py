@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import traceback
 from contextlib import contextmanager
 
 import click
@@ -13,8 +14,14 @@ from runtime.models import ModelError
 from runtime.sampling import MIN_RESPONSE_TOKENS
 
 
-def clean_errors(command):
-    """Turn expected failures into one-line click errors (exit 1, no traceback)."""
+def clean_errors(command=None, *, interrupted: str | None = None):
+    """Turn expected failures into one-line click errors (exit 1, no traceback), and Ctrl-C into one line (exit 130).
+
+    Ctrl-C's line adds `interrupted` where there is more to say: what the command keeps, and how to go
+    on (`@clean_errors(interrupted=...)`).
+    """
+    if command is None:
+        return functools.partial(clean_errors, interrupted=interrupted)
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -22,6 +29,10 @@ def clean_errors(command):
             return command(*args, **kwargs)
         except (ArtifactError, ModelError, ValueError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt as exc:
+            traceback.clear_frames(exc.__traceback__)  # progress bars close now, so this line is the last one
+            click.echo("Error: interrupted" + (f"; {interrupted}" if interrupted else ""), err=True)
+            raise click.exceptions.Exit(130) from None
 
     return wrapper
 

@@ -20,6 +20,9 @@ from runtime.methods import methods_help
 SCREEN_TEXTS, SCREEN_TEXT_TOKENS = 256, 256
 
 
+# What Ctrl-C leaves of a measuring command: a record holds whole runs, never a part of one.
+NOTHING_WRITTEN = "nothing is written (a record holds whole runs only): rerun the command"
+
 @main.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--prompts", "prompt_source", type=values.PromptSource(), default="humaneval", show_default=True,
@@ -37,7 +40,7 @@ SCREEN_TEXTS, SCREEN_TEXT_TOKENS = 256, 256
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @sampling_options
 @model_options
-@clean_errors
+@clean_errors(interrupted=NOTHING_WRITTEN)
 def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, force, model,
           temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s, speedup over ar in one run, peak RSS.
@@ -142,7 +145,7 @@ def _screen_formats(text: str) -> list[str]:
               help="Also write the table as JSON (checked writable first).")
 @click.option("--force", is_flag=True, help=values.FORCE_HELP)
 @model_options
-@clean_errors
+@clean_errors(interrupted=NOTHING_WRITTEN)
 def bench_screen(artifact, prompt_source, positions, formats, json_path, force, backend) -> None:
     """Measure how much of the vocabulary a lower-bit screen of the head leaves to recompute (greedy, sound bound).
 
@@ -223,7 +226,7 @@ def _tree_sizes(text: str) -> tuple[int, ...]:
 @click.option("--force", is_flag=True, help=values.FORCE_HELP)
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @model_options
-@clean_errors
+@clean_errors(interrupted=NOTHING_WRITTEN)
 def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repeats, trees, json_path, force, model,
                  backend) -> None:
     """Time one target forward over n = 1..8 new tokens plus the greedy head work: T_V(n) / T_V(1).
