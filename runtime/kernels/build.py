@@ -9,27 +9,26 @@ nothing built for AVX-512 can leak into the AVX2 path. The best path the CPU rep
 `torch` means no compiled kernels.
 
 Builds are cached under torch's extension directory, keyed by a hash of the sources, flags, torch
-and Python versions; a cached build is imported directly (no compiler run, nothing printed). One
-process builds a path at a time (builder_lock); a build killed midway is started afresh by the next
-run, not waited on forever.
+and Python versions; a cached build is imported directly (no compiler run, nothing printed). A build
+runs in a folder of its own and is published whole by one rename, so a build killed midway is
+started afresh by the next run, never waited on.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import os
 import shutil
 import sys
 import warnings
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 import torch
+
+from artifacts.atomic import remove_dead_leftovers, tmp_name
 
 ENV = "SPECVOCAB_KERNELS"
 PATHS = ("avx512vbmi", "avx512", "avx2", "portable")  # best first
@@ -56,8 +55,7 @@ _CPU_NEEDS = {
 # -ffp-contract=off: GCC would otherwise fuse the intrinsics' d * q + m into one FMA, which rounds
 # differently from gguf-py's two float32 operations. -fopenmp: at::parallel_for's OpenMP pragmas.
 _COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
-TORCH_BUILD_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton in the build directory
-BUILDER_LOCK = "specvocab.lock"  # builder_lock's flock
+BUILT_MARKER = "built.ok"  # in a build folder: its .so is complete
 
 
 @lru_cache(maxsize=None)
@@ -118,39 +116,14 @@ def _build_dir(path: str) -> tuple[str, Path]:
     return name, root / f"{name}-{digest.hexdigest()[:16]}"
 
 
-@contextmanager
-def builder_lock(build_dir: Path) -> Iterator[None]:
-    """Be the one process building into `build_dir`: an flock, which the kernel drops when its holder dies.
-
-    torch's own lock (a file `lock` that its build removes when it ends) outlives a build killed with
-    kill -9, and then every later build waits on it forever. Under this lock no other specvocab
-    process builds there, so such a file is a dead build's: its folder is emptied (half-written
-    objects included) and the build starts afresh.
-    """
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir / BUILDER_LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print("specvocab: waiting for another process that compiles the CPU kernels", file=sys.stderr)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        if (build_dir / TORCH_BUILD_LOCK).exists():
-            for leftover in build_dir.iterdir():
-                if leftover.name != BUILDER_LOCK:
-                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-        yield
-
-
 @lru_cache(maxsize=None)
 def module(path: str) -> ModuleType | None:
     """The extension module of `path`, built on first use; None (with a warning) if it cannot be built."""
     name, build_dir = _build_dir(path)
-    built, marker = build_dir / f"{name}.so", build_dir / "built.ok"  # marker: the .so is complete
+    built, marker = build_dir / f"{name}.so", build_dir / BUILT_MARKER
     try:
         if not marker.exists():
-            with builder_lock(build_dir):
-                if not marker.exists():  # else another process built it while this one waited
-                    return _compile(path, name, build_dir, marker)
+            return _compile(path, name, build_dir)
         spec = importlib.util.spec_from_file_location(name, built)
         loaded = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(loaded)
@@ -160,22 +133,43 @@ def module(path: str) -> ModuleType | None:
         return None
 
 
-def _compile(path: str, name: str, build_dir: Path, marker: Path) -> ModuleType:
-    """Compile and load the extension of `path` in `build_dir` (under builder_lock), then mark it complete."""
+def _compile(path: str, name: str, build_dir: Path) -> ModuleType:
+    """Compile and load the extension of `path` in a private folder, then publish it as `build_dir` by one rename.
+
+    torch builds under a lock file in its build folder that it removes when the build ends; a build
+    killed with kill -9 leaves it, and a later build there would wait on it forever (as its compiler
+    processes, which outlive it, may still write there). So each build has its own folder, named
+    with its pid: a dead one's is removed by the next build, and a folder named `build_dir` is always
+    a whole build. Two first runs at once both compile; the first rename wins, the other's is dropped.
+    """
     from torch.utils.cpp_extension import load
 
-    print(f"specvocab: compiling the CPU kernels ({path}; once, ~1 min)", file=sys.stderr)
-    loaded = load(
-        name=name,
-        sources=[str(_HERE / s) for s in _SOURCES[path]],
-        extra_include_paths=[str(_HERE)],
-        extra_cflags=[*_ISA_FLAGS[path], *_COMMON_FLAGS],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build_dir),
-        verbose=False,
-    )
-    marker.touch()
-    return loaded
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_leftovers(build_dir.parent)
+    if build_dir.exists():  # a folder without the marker: a build of an older layout, never imported
+        shutil.rmtree(build_dir)
+    work = build_dir.parent / tmp_name(build_dir.name)
+    work.mkdir()
+    try:
+        print(f"specvocab: compiling the CPU kernels ({path}; once, ~1 min)", file=sys.stderr)
+        loaded = load(
+            name=name,
+            sources=[str(_HERE / s) for s in _SOURCES[path]],
+            extra_include_paths=[str(_HERE)],
+            extra_cflags=[*_ISA_FLAGS[path], *_COMMON_FLAGS],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(work),
+            verbose=False,
+        )
+        (work / BUILT_MARKER).touch()
+        try:
+            os.rename(work, build_dir)
+        except OSError:
+            if not (build_dir / BUILT_MARKER).exists():  # not another process's whole build
+                raise
+        return loaded
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the loaded module stays mapped
 
 
 def requested() -> str | None:
