@@ -62,16 +62,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass
-    return not exited(pid)
+    return not is_zombie(pid)
 
 
-def exited(pid: int) -> bool:
-    """Return whether a process has exited but is not reaped yet (a zombie; Linux's /proc, elsewhere False)."""
+def is_zombie(pid: int) -> bool:
+    """Return whether a process has exited but is not reaped yet (Linux's /proc; elsewhere False)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
+    fields_after_name = stat.rsplit(")", 1)[-1].split()  # the name, in parentheses, may hold spaces
+    return bool(fields_after_name) and fields_after_name[0] in ("Z", "X")  # zombie, or dead
 
 
 def is_dead_leftover(entry_name: str) -> bool:
@@ -108,7 +109,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+        e.filename = str(path)
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -19,7 +19,7 @@ from artifacts.manifest import FileRecord, Manifest, check_plain_filename, file_
 from artifacts.schema import SCHEMAS
 
 STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")
-# How safetensors reports a failed write (a full disk, a vanished folder): the OS error number is in its message.
+# How safetensors reports a failed write (a full disk, a read-only place): the OS error number is in its message.
 SAFETENSORS_IO_ERROR = re.compile(r"I/O error: .*\(os error (\d+)\)")
 
 

@@ -83,13 +83,16 @@ def _checksum_fields(entry: dict) -> tuple | None:
 
 
 def traces_of(out: str | Path, model_name: str, vocab_size: int) -> dict:
-    """The index of a finished traces folder made by `model_name`; an unfinished one, or another model's, is refused
-    naming the fix."""
+    """The index of a finished traces folder made by `model_name`, else a ValueError naming the fix.
+
+    An unfinished folder (its run stopped, or still going) and another model's traces are refused.
+    """
     index = read_index(out)
     if not index.get("finished", True):
         written = len(index["shards"])
-        raise ValueError(f"{out} holds unfinished traces (a run that stopped after {written} shard{'s' * (written != 1)}); rerun "
-                         f"the command that wrote them (prep traces, or prep all --with-router) to finish, or delete {out}")
+        raise ValueError(f"{out} holds unfinished traces ({written} shard{'s' * (written != 1)} so far: its run stopped or is "
+                         "still going); once no run writes there, rerun the command that wrote them (prep traces, or "
+                         f"prep all --with-router) to finish, or delete {out}")
     if index["model"] != model_name or index["vocab_size"] != vocab_size:
         raise ValueError(f"{out} holds traces of {index['model']} (vocabulary {index['vocab_size']}), not of "
                          f"{model_name} ({vocab_size}); run: prep traces {model_name} -o NEW_DIR, then pass --traces NEW_DIR")

@@ -125,13 +125,18 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(art: Arti
 def test_a_killed_writer_not_yet_reaped_is_dead(art: Artifact) -> None:
     """kill -9 leaves a zombie until the parent waits (an orchestrating script, a slow exit): its lock and its
     leftovers are a dead writer's, not a live one's that a rerun must wait for."""
-    from artifacts.atomic import LOCK_FILE, pid_alive
+    import time
+
+    from artifacts.atomic import LOCK_FILE, is_zombie, pid_alive
 
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        assert pid_alive(killed.pid)
         killed.kill()
-        while open(f"/proc/{killed.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-            pass  # the kill is asynchronous
+        deadline = time.monotonic() + 30
+        while not is_zombie(killed.pid):  # the kill is asynchronous
+            assert time.monotonic() < deadline, "the killed process never became a zombie"
+            time.sleep(0.01)
         assert not pid_alive(killed.pid)
         (art.path / LOCK_FILE).write_text(f"{killed.pid}\n")
         (art.path / f".tmp-{killed.pid}-abcd-screen").mkdir()

@@ -86,6 +86,26 @@ def test_a_full_disk_during_a_conversion_names_the_cache_and_the_fix(toy_gguf: P
     assert list(models.iterdir()) == []
 
 
+def test_a_full_disk_while_an_older_entry_gets_its_gguf_names_the_fix(private_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """An entry made before the .gguf was kept is given it later: no room there is the same one line."""
+    import errno
+
+    from runtime.models import registry
+
+    def disk_full(model, chunks, tmp):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
+    entry = private_cache / "models" / "smollm2-135m-instruct"
+    entry.mkdir(parents=True)
+    monkeypatch.setattr(resolve, "is_cached", lambda target: True)
+    monkeypatch.setattr(registry, "ensure_installed", lambda model, log: [])
+    monkeypatch.setattr(registry, "assemble", disk_full)
+    with pytest.raises(ModelError, match=rf"cannot write the model cache {entry} \(No space left on device\); free space "
+                                         "there or set SPECVOCAB_CACHE"):
+        resolve_model("smollm2-135m-instruct", progress=False)
+    assert list(entry.iterdir()) == []
+
+
 def test_leftovers_of_killed_imports_are_removed(tmp_path: Path, toy_gguf: Path, private_cache: Path,
                                                  monkeypatch: pytest.MonkeyPatch):
     models = private_cache / "models"

@@ -47,7 +47,7 @@ def written_place(filename) -> str:
     """The path to name for a failed write: the folder holding a temporary, not the temporary (gone by now)."""
     parts = Path(filename).parts
     first = next((i for i, part in enumerate(parts) if part.startswith(TMP_PREFIX)), None)
-    return str(Path(*parts[:first])) if first else str(filename)
+    return str(Path(*parts[:first])) if first is not None else str(filename)
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})

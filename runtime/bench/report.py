@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
-from artifacts.atomic import atomic_write, atomic_write_bytes
+from artifacts.atomic import atomic_write_bytes
 from runtime.method_spec import marked
 
 COLUMNS = [
@@ -66,7 +67,12 @@ def markdown_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 def write_json(record: dict, path: Path) -> None:
     """Write a JSON record atomically (creating its folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
+    atomic_write_bytes(path, json_bytes(record))
+
+
+def json_bytes(record: dict) -> bytes:
+    """A record as the indented JSON text the bench writes."""
+    return (json.dumps(record, indent=2) + "\n").encode()
 
 
 REPORT_SUFFIXES = (".md", ".png")  # the table and the plot beside a bench record
@@ -78,12 +84,17 @@ def report_paths(json_path: Path) -> tuple[Path, Path, Path]:
 
 
 def write_reports(record: dict, json_path: Path) -> tuple[Path, Path, Path]:
-    """Write JSON at json_path, and .md / .png beside it (same stem)."""
-    _, md_path, png_path = report_paths(json_path)
-    write_json(record, json_path)
-    atomic_write_bytes(md_path, (_markdown_document(record) + "\n").encode())
-    plot(record, png_path)
-    return json_path, md_path, png_path
+    """Write JSON at json_path, and .md / .png beside it (same stem).
+
+    All three are rendered before the first is written, so a Ctrl-C while matplotlib draws (about a
+    second) writes none of them.
+    """
+    paths = report_paths(json_path)
+    contents = [json_bytes(record), (_markdown_document(record) + "\n").encode(), plot_png(record)]
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    for path, data in zip(paths, contents):
+        atomic_write_bytes(path, data)
+    return paths
 
 
 def _markdown_document(record: dict) -> str:
@@ -92,8 +103,8 @@ def _markdown_document(record: dict) -> str:
     return f"`{record['command']}`\n\n{header}\n\n{markdown_table(record['methods'])}"
 
 
-def plot(record: dict, png_path: Path) -> None:
-    """Bar chart of tokens/s per method, annotated with the speedup over ar."""
+def plot_png(record: dict) -> bytes:
+    """Bar chart of tokens/s per method, annotated with the speedup over ar, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,5 +122,7 @@ def plot(record: dict, png_path: Path) -> None:
     ax.set_ylabel("tokens / s (decode)")
     ax.set_title(f"{record['setup'].get('model', '')}: {record['setup'].get('prompts', '')}", fontsize=10)
     fig.tight_layout()
-    atomic_write(png_path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    return png.getvalue()

@@ -118,12 +118,17 @@ def staging(target: Path, log) -> Iterator[Path]:
         error = e if isinstance(e, OSError) else io_error(e, target.parent)
         if error is None:
             raise
-        if error.errno not in NO_ROOM:
-            raise error from None
-        raise ModelError(f"cannot write the model cache {target.parent} ({error.strerror}); "
-                         f"free space there or set {CACHE_ENV} to a folder with room, then run again") from None
+        raise full_cache_error(error, target.parent) or error from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def full_cache_error(error: OSError, folder: Path) -> ModelError | None:
+    """The one-line error for a write into the cache that found no room (a full disk, a quota), else None."""
+    if error.errno not in NO_ROOM:
+        return None
+    return ModelError(f"cannot write the model cache {folder} ({error.strerror}); "
+                      f"free space there or set {CACHE_ENV} to a folder with room, then run again")
 
 
 def publish_file(entry: Path, name: str, write) -> Path:

@@ -22,6 +22,7 @@ import torch
 from artifacts.fingerprint import ModelSource
 from runtime.models import registry
 from runtime.models.cache import (
+    full_cache_error,
     is_cached,
     models_dir,
     publish_file,
@@ -105,8 +106,9 @@ def _resolve_packaged(model: PackagedModel, log: _Log) -> ResolvedModel:
             try:
                 publish_file(target, model.gguf_name, lambda tmp: registry.assemble(model, chunks, tmp))
             except OSError as e:
-                raise ModelError(f"cannot add {model.gguf_name} to {target} ({e.strerror or e}); "
-                                 "make the model cache writable, or delete that folder and run `prep import` again") from None
+                raise full_cache_error(e, target) or ModelError(
+                    f"cannot add {model.gguf_name} to {target} ({e.strerror or e}); make the model cache writable, "
+                    "or delete that folder and run `prep import` again") from None
         update_provenance(target, gguf=_gguf_record(model))
     return ResolvedModel(model.name, target, source, target / model.gguf_name)
 

@@ -397,7 +397,7 @@ def test_an_interrupted_traces_folder_is_refused_by_its_readers(tmp_path: Path, 
     assert json.loads((out / INDEX_FILE).read_text())["finished"] is False
     for args in (["bake-onedecode", art, "--traces", out], ["gp-basis", art, "--traces", out],
                  ["train-router", art, "--traces", out, *ROUTER]):
-        prep_fails(args, f"{out} holds unfinished traces (a run that stopped after 2 shards)",
+        prep_fails(args, f"{out} holds unfinished traces (2 shards so far: its run stopped or is still going)",
                    "rerun the command that wrote them", unchanged=(art, out))
     monkeypatch.setattr(traces, "run_shard", real)
     prep_ok(["traces", tiny_model, "--corpus", corpus, "-o", out, *TRACES])

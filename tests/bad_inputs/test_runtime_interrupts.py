@@ -14,8 +14,10 @@ def interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-def test_ctrl_c_during_a_bench_run_writes_no_record(art: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("runtime.bench.runner.run_bench", interrupt)
+@pytest.mark.parametrize("where", ["runtime.bench.runner.run_bench", "runtime.bench.report.plot_png"],
+                         ids=["while-it-runs", "while-its-plot-is-drawn"])
+def test_ctrl_c_during_a_bench_run_writes_no_record(art: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str):
+    monkeypatch.setattr(where, interrupt)
     line = runtime_fails(["bench", art, "--prompts", "humaneval", "-n", 1, "--methods", "ar", "--max-new-tokens", 2,
                           "--json", tmp_path / "out" / "b.json"],
                          "interrupted; nothing is written (a record holds whole runs only): rerun the command", code=130,
