@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from artifacts.format import MANIFEST_FILE
 from runtime.checks import first_surrogate
 from runtime.data import PACKAGED_SOURCES, prompts_from_file
 from runtime.kernels.build import usable_cores
@@ -228,12 +229,16 @@ class OutputFile(click.ParamType):
 
     def convert(self, value, param, ctx):
         path = Path(value)
-        if not path.name:  # "" or ".": a folder, which has no stem to put the outputs beside ("..": unwritable below)
-            self.fail(f"cannot write {value!r}: it is a directory; give a file path, e.g. bench-out/run.json", param, ctx)
+        if not path.name or str(value).endswith(os.sep):  # "", ".", "out/": a folder, with no stem to put the outputs
+            # beside ("..": unwritable below)
+            self.fail(f"cannot write {value!r}: it names a directory; give a file path, e.g. bench-out/run.json", param, ctx)
         if path.suffix in self.siblings:
             self.fail(f"{path}: the {path.suffix} output goes beside the JSON and would replace it; give a path "
                       f"ending in .json", param, ctx)
         for target in (path, *(path.with_suffix(s) for s in self.siblings)):
+            if artifact_file(target):
+                self.fail(f"cannot write {target}: it is a file of the artifact in {target.parent}; choose another path",
+                          param, ctx)
             problem = unwritable(target)
             if problem:
                 self.fail(f"cannot write {target}: {problem}; choose a writable path", param, ctx)
@@ -252,6 +257,20 @@ def refuse_replacing(paths: Sequence[Path | None], force: bool) -> None:
     if existing and not force:
         raise click.UsageError(f"{existing[0]} exists (an earlier run's output); pass another --json path, or "
                                f"--force to replace it")
+
+
+def artifact_file(path: Path) -> bool:
+    """Whether `path` is an artifact's manifest or a file its manifest lists: never an output to write, even with --force."""
+    manifest = path.parent / MANIFEST_FILE
+    if not manifest.is_file():
+        return False
+    if path.name == MANIFEST_FILE:
+        return True
+    try:
+        stages = json.loads(manifest.read_text()).get("stages") or {}
+        return any(path.name in (stage.get("files") or {}) for stage in stages.values())
+    except (OSError, ValueError, AttributeError):  # a damaged manifest: its own commands say so
+        return False
 
 
 def unwritable(path: Path) -> str | None:

@@ -172,8 +172,8 @@ def test_bad_prompts_files(art: Path, tmp_path: Path, content: bytes, says: str)
     (["--methods", "ar,csv,csv:screen"], "'csv:screen' names the same method as 'csv'"),
     (["--methods", "ar,spec:ngram:gamma=6:gamma=3"], "gamma is given twice"),
     (["--methods", "ar,swarm:lookup:4:nodes=8:nodes=9"], "swarm's nodes is given twice"),
-    (["--json", "."], "it is a directory; give a file path"),
-    (["--json", ""], "it is a directory; give a file path"),
+    (["--json", "."], "it names a directory; give a file path"),
+    (["--json", ""], "it names a directory; give a file path"),
     (["--json", "run.md"], "the .md output goes beside the JSON and would replace it"),
 ], ids=["n-0", "n-negative", "prompts-missing", "methods-comma-alone", "methods-empty", "methods-empty-item", "methods-blank-item",
         "methods-trailing-comma", "methods-bad-gamma", "methods-twice", "methods-twice-with-spaces", "methods-same-twice",
@@ -190,6 +190,20 @@ def test_bench_never_replaces_an_earlier_run_without_force(art: Path, tmp_path: 
     runtime_fails(bench(art, tmp_path), f"{out / 'b.md'} exists (an earlier run's output)", "--force", code=USAGE,
                   unchanged=(tmp_path,))
     runtime_fails(["bench-verify", art, "--json", out / "b.md"], "exists", "--force", code=USAGE, unchanged=(tmp_path,))
+
+
+@pytest.mark.parametrize("command", ["bench", "bench-verify", "bench-screen"])
+@pytest.mark.parametrize("name", ["manifest.json", "screen.safetensors"])
+def test_an_output_never_replaces_an_artifacts_file_even_with_force(art: Path, command: str, name: str):
+    runtime_fails([command, art, "--json", art / name, "--force"], f"cannot write {art / name}: it is a file of the "
+                  f"artifact in {art}; choose another path", code=USAGE, unchanged=(art,))
+
+
+@pytest.mark.parametrize("command", ["bench", "bench-verify"])
+def test_a_json_path_ending_in_a_slash_is_a_folder(art: Path, tmp_path: Path, command: str):
+    runtime_fails([command, art, "--json", f"{tmp_path / 'out'}/"], "it names a directory; give a file path", code=USAGE,
+                  unchanged=(art, tmp_path))
+    assert not (tmp_path / "out").exists()
 
 
 def test_bench_json_under_a_file(art: Path, tmp_path: Path):
