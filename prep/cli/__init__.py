@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import click
@@ -23,24 +22,18 @@ STAGES_KEPT = "stages already written are kept: rerun the same command to finish
 
 
 def clean_errors(command=None, *, interrupted: str = STAGES_KEPT):
-    """runtime's one-line errors, plus OS errors (a full disk, a read-only place) and Ctrl-C.
+    """runtime's one-line errors and interrupts, with prep's line for OS errors (a full disk, a read-only place).
 
-    Ctrl-C's line says `interrupted`: what the command keeps, and how to go on
+    An interrupt's line says `interrupted`: what the command keeps, and how to go on
     (`@clean_errors(interrupted=...)` for another).
     """
-    if command is None:
-        return functools.partial(clean_errors, interrupted=interrupted)
+    return runtime_clean_errors(command, interrupted=interrupted, os_error=write_error_line)
 
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return runtime_clean_errors(command, interrupted=interrupted)(*args, **kwargs)
-        except OSError as e:
-            where = f" ({written_place(e.filename)})" if e.filename else ""
-            raise click.ClickException(f"{e.strerror or e}{where}; free space or choose a writable place, "
-                                       "then rerun the same command") from None
 
-    return wrapper
+def write_error_line(error: OSError) -> str:
+    """prep's line for a failed write: the error, the folder it names, and the fix."""
+    where = f" ({written_place(error.filename)})" if error.filename else ""
+    return f"{error.strerror or error}{where}; free space or choose a writable place, then rerun the same command"
 
 
 def written_place(filename) -> str:

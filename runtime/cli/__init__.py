@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import signal
+import threading
 import traceback
 from contextlib import contextmanager
+from typing import Callable
 
 import click
 
@@ -14,14 +18,47 @@ from runtime.models import ModelError
 from runtime.sampling import MIN_RESPONSE_TOKENS
 
 
-def clean_errors(command=None, *, interrupted: str | None = None):
-    """Turn expected failures into one-line click errors (exit 1, no traceback), and Ctrl-C into one line (exit 130).
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is, as Ctrl-C's KeyboardInterrupt is: the same cleanup runs."""
 
-    Ctrl-C's line adds `interrupted` where there is more to say: what the command keeps, and how to go
-    on (`@clean_errors(interrupted=...)`).
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextmanager
+def signals_as_interrupts():
+    """Within: SIGTERM and SIGHUP (a `kill`, a closed terminal) raise Interrupted; outside, the old handlers."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    old = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def os_error_line(error: OSError) -> str:
+    """runtime's line for an OS error no option check foresaw: a full disk under an output or standard output."""
+    where = f" ({error.filename})" if error.filename else " (writing the output)"
+    return f"{error.strerror or error}{where}; free space or choose another place for the output, then rerun the command"
+
+
+def clean_errors(command=None, *, interrupted: str | None = None, os_error: Callable[[OSError], str] = os_error_line):
+    """Turn expected failures into one-line click errors (exit 1, no traceback), and interrupts into one line.
+
+    Ctrl-C (exit 130), SIGTERM and SIGHUP (128 + the signal) add `interrupted` to their line where there
+    is more to say: what the command keeps, and how to go on. `os_error` words an OS error's line; a
+    broken pipe (`| head`) is left to click, which exits quietly as pipes expect.
     """
     if command is None:
-        return functools.partial(clean_errors, interrupted=interrupted)
+        return functools.partial(clean_errors, interrupted=interrupted, os_error=os_error)
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -31,8 +68,14 @@ def clean_errors(command=None, *, interrupted: str | None = None):
             raise click.ClickException(str(exc)) from exc
         except KeyboardInterrupt as exc:
             traceback.clear_frames(exc.__traceback__)  # progress bars close now, so this line is the last one
-            click.echo("Error: interrupted" + (f"; {interrupted}" if interrupted else ""), err=True)
-            raise click.exceptions.Exit(130) from None
+            signum = getattr(exc, "signum", signal.SIGINT)
+            how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+            click.echo(f"Error: interrupted{how}" + (f"; {interrupted}" if interrupted else ""), err=True)
+            raise click.exceptions.Exit(128 + signum) from None
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise
+            raise click.ClickException(os_error(exc)) from None
 
     return wrapper
 
@@ -65,7 +108,7 @@ class OneLineGroup(click.Group):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx):
-        with one_line_usage():
+        with one_line_usage(), signals_as_interrupts():
             return super().invoke(ctx)
 
 

@@ -68,10 +68,8 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
-    click.echo(markdown_table(record["methods"]))  # printed first: an output that fails to write loses nothing
     click.echo(f"peak RSS {record['setup']['peak_rss_mib']:.0f} MiB (the process, all methods)", err=True)
-    with values.writing("--json"):
-        paths = write_reports(record, json_path)
+    paths = values.print_and_write(markdown_table(record["methods"]), lambda: write_reports(record, json_path), "--json")
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
 

@@ -14,8 +14,9 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
@@ -28,6 +29,8 @@ from runtime.sampling import MAX_SEED, SamplingParams
 STOP_ESCAPES = r"\n \t \r \\ \" \' \0 \xHH \uHHHH \UHHHHHHHH"
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr0\\\"']|.?)", re.DOTALL)
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
+
+T = TypeVar("T")
 
 
 def _range_text(low, high, low_open: bool) -> str:
@@ -290,6 +293,22 @@ def unwritable(path: Path) -> str | None:
     except OSError as e:
         return f"no file can be created in {folder} ({e.strerror or e})"
     return None
+
+
+def print_and_write(table: str, write: Callable[[], T], option: str) -> T:
+    """Print a run's results, then write its files: each happens whatever the other meets.
+
+    A full disk loses no printed table, and a closed or full standard output (`| true`, `> /dev/full`)
+    no written record: the files are written before the printing error is raised.
+    """
+    try:
+        click.echo(table)
+    except OSError:
+        with writing(option):
+            write()
+        raise
+    with writing(option):
+        return write()
 
 
 @contextlib.contextmanager

@@ -70,13 +70,16 @@ def test_kill_9_then_rerun_finishes(tmp_path: Path, tiny_model: Path, point: str
     rerun_completes(tiny_model, out)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
 @pytest.mark.parametrize("point", ["stage-staged:clusters", "stage-placed:screen"])
-def test_ctrl_c_is_one_line_and_leaves_only_committed_stages(tmp_path: Path, tiny_model: Path, point: str):
+def test_an_interrupt_is_one_line_and_leaves_only_committed_stages(tmp_path: Path, tiny_model: Path, point: str, sig: int):
+    """Ctrl-C, a plain `kill` (SIGTERM) and a closed terminal (SIGHUP) clean up alike, exit 128 + the signal."""
     out = tmp_path / "art"
-    done = interrupted_run(tiny_model, out, point, signal.SIGINT)
-    assert done.returncode == 130
+    done = interrupted_run(tiny_model, out, point, sig)
+    assert done.returncode == 128 + sig
     line = error_line(done.stderr)
     assert "interrupted" in line and "rerun the same command" in line
+    assert (signal.Signals(sig).name in line) == (sig != signal.SIGINT)
     if point.endswith("clusters"):  # interrupted before its first stage: the folder it made is gone
         assert not out.exists()
     else:
