@@ -25,6 +25,7 @@ from artifacts.manifest import read_manifest
 from artifacts.writing import check_output_dir
 from prep.cluster import build_clusters
 from prep.folders import locked_folder
+from prep.trace_files import INDEX_FILE as TRACES_INDEX
 from prep.screen import build_screen
 from prep.screen4 import build_screen4, calibration_hidden
 from runtime.backends.hf import TransformersTarget
@@ -49,6 +50,8 @@ def output_artifact(out: str | Path, force: bool = False) -> Iterator[Path]:
     """
     path = Path(out)
     had_manifest = (path / MANIFEST_FILE).exists()
+    if not had_manifest and (path / TRACES_INDEX).is_file():  # even with --force: traces would be lost among stages
+        raise ArtifactError(f"{path} holds traces ({TRACES_INDEX}); an artifact goes in a folder of its own: choose another -o")
     try:
         check_output_dir(path, force)
     except OSError as e:  # an unreadable folder

@@ -235,6 +235,12 @@ def test_traces_into_an_artifact_are_refused(art: Path, tiny_model: Path, corpus
                "traces go in a folder of their own", unchanged=(art,))
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
+def test_an_artifact_into_a_traces_folder_is_refused(tr: Path, tiny_model: Path, force: list):
+    prep_fails(["cluster", tiny_model, "-o", tr, "--clusters", 8, "--iterations", 2, *force],
+               f"{tr} holds traces (index.json); an artifact goes in a folder of its own: choose another -o", unchanged=(tr,))
+
+
 def test_traces_into_a_file_are_refused(tmp_path: Path, tiny_model: Path, corpus: Path):
     (tmp_path / "file").write_text("x")
     prep_fails(["traces", tiny_model, "--corpus", corpus, "-o", tmp_path / "file"], "is a file", "choose another -o",
