@@ -76,3 +76,37 @@ def test_two_first_runs_at_once_keep_the_first_whole_build(build_root: Path, mon
     assert build.module("portable") == "this run's module"
     assert (folder / f"{name}.so").read_bytes() == b"the other build"
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
+
+
+@pytest.fixture
+def fresh_choice(build_root: Path):
+    """active()'s cache cleared before and after (so later tests get the real kernels again)."""
+    build.active.cache_clear()
+    yield
+    build.active.cache_clear()
+
+
+def test_an_unwritable_build_folder_is_one_line_and_no_path_is_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      fresh_choice, capfd: pytest.CaptureFixture[str]):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "file" / "ext"))  # mkdir fails: not a directory
+    monkeypatch.delenv(build.ENV, raising=False)
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: pytest.fail("a build was started"))
+    assert build.active() == ("torch", None)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == [f"specvocab: cannot build the CPU kernels in {tmp_path / 'file' / 'ext'} (Not a directory); set "
+                   "TORCH_EXTENSIONS_DIR to a writable folder with room; decoding goes on with torch's kernels (slower)"]
+
+
+def test_a_build_that_fills_the_disk_stops_the_other_paths(monkeypatch: pytest.MonkeyPatch, fresh_choice,
+                                                            capfd: pytest.CaptureFixture[str]):
+    builds = []
+
+    def disk_full(name, **kwargs):
+        builds.append(name)
+        raise RuntimeError("Error building extension: ... fatal error: error writing to x.o: No space left on device")
+
+    monkeypatch.delenv(build.ENV, raising=False)
+    monkeypatch.setattr("torch.utils.cpp_extension.load", disk_full)
+    assert build.active() == ("torch", None) and len(builds) == 1
+    assert "(No space left on device); set TORCH_EXTENSIONS_DIR" in capfd.readouterr().err

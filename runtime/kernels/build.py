@@ -16,12 +16,12 @@ started afresh by the next run, never waited on.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
 import shutil
 import sys
-import warnings
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -116,9 +116,16 @@ def _build_dir(path: str) -> tuple[str, Path]:
     return name, root / f"{name}-{digest.hexdigest()[:16]}"
 
 
+class NoBuildPlace(OSError):
+    """The build folder cannot be written (read-only, full): every path would fail alike."""
+
+
 @lru_cache(maxsize=None)
 def module(path: str) -> ModuleType | None:
-    """The extension module of `path`, built on first use; None (with a warning) if it cannot be built."""
+    """The extension module of `path`, built on first use; None (with a one-line note) if it cannot be built.
+
+    NoBuildPlace when the build folder cannot be written, which no other path escapes either.
+    """
     name, build_dir = _build_dir(path)
     built, marker = build_dir / f"{name}.so", build_dir / BUILT_MARKER
     try:
@@ -128,8 +135,12 @@ def module(path: str) -> ModuleType | None:
         loaded = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(loaded)
         return loaded
+    except NoBuildPlace:
+        raise
     except Exception as exc:  # a missing compiler must not stop decoding, only slow it
-        warnings.warn(f"CPU kernels ({path}) unavailable ({' '.join(str(exc).split())[:300]}); falling back")
+        if os.strerror(errno.ENOSPC) in str(exc):  # the compiler's output says so: the folder filled up
+            raise NoBuildPlace(errno.ENOSPC, os.strerror(errno.ENOSPC), str(build_dir.parent)) from None
+        print(f"specvocab: CPU kernels ({path}) unavailable ({' '.join(str(exc).split())[:300]})", file=sys.stderr)
         return None
 
 
@@ -144,12 +155,17 @@ def _compile(path: str, name: str, build_dir: Path) -> ModuleType:
     """
     from torch.utils.cpp_extension import load
 
-    build_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_leftovers(build_dir.parent)
-    if build_dir.exists():  # a folder without the marker: a build of an older layout, never imported
-        shutil.rmtree(build_dir)
-    work = build_dir.parent / tmp_name(build_dir.name)
-    work.mkdir()
+    try:
+        build_dir.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_leftovers(build_dir.parent)
+        if build_dir.exists():  # a folder without the marker: a build of an older layout, never imported
+            shutil.rmtree(build_dir)
+        work = build_dir.parent / tmp_name(build_dir.name)
+        work.mkdir()
+        (work / BUILT_MARKER).touch()  # a probe that the folder takes files; removed again before the build
+        (work / BUILT_MARKER).unlink()
+    except OSError as e:
+        raise NoBuildPlace(e.errno, e.strerror, str(build_dir.parent)) from None
     try:
         print(f"specvocab: compiling the CPU kernels ({path}; once, ~1 min)", file=sys.stderr)
         loaded = load(
@@ -193,8 +209,15 @@ def active() -> tuple[str, ModuleType | None]:
     choice = requested()
     if choice == "torch":
         return "torch", None
-    for path in (choice,) if choice else runnable_paths():
-        loaded = module(path)
-        if loaded is not None:
-            return path, loaded
+    try:
+        for path in (choice,) if choice else runnable_paths():
+            loaded = module(path)
+            if loaded is not None:
+                return path, loaded
+    except NoBuildPlace as e:
+        print(f"specvocab: cannot build the CPU kernels in {e.filename} ({e.strerror}); set TORCH_EXTENSIONS_DIR to a "
+              "writable folder with room; decoding goes on with torch's kernels (slower)", file=sys.stderr)
+        return "torch", None
+    print("specvocab: no compiled CPU kernels could be built; decoding goes on with torch's kernels (slower)",
+          file=sys.stderr)
     return "torch", None
