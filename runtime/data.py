@@ -90,6 +90,16 @@ def sharegpt_prompts(
     return prompts
 
 
+class PromptFile(str):
+    """A prompts file's path as given (what records show), with its prompts, read once: a pipe such as
+    `<(...)` can be read only once."""
+
+    def __new__(cls, path: str, prompts: list[str]) -> PromptFile:
+        named = super().__new__(cls, path)
+        named.prompts = prompts
+        return named
+
+
 def prompts_from_file(path: str | Path) -> list[str]:
     """Return the prompts of a JSON file holding a list of {"text": ...} objects."""
     path = Path(path)
@@ -97,6 +107,11 @@ def prompts_from_file(path: str | Path) -> list[str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read prompts from {path}: {e}") from e
+    return prompts_from_json(data, path)
+
+
+def prompts_from_json(data, path: str | Path) -> list[str]:
+    """Return the prompts of a prompts file's parsed JSON, a list of {"text": ...} objects (`path` names it in errors)."""
     if not isinstance(data, list):
         kind = type(data).__name__
         raise ValueError(f"{path} should hold a JSON list of {{\"text\": ...}} objects, got {kind}")
@@ -113,7 +128,9 @@ def prompts_from_file(path: str | Path) -> list[str]:
 
 
 def load_prompts(source: str, n: int) -> list[str]:
-    """Return n prompts from "humaneval", "sharegpt" or a JSON prompt file."""
+    """Return n prompts from "humaneval", "sharegpt", a JSON prompt file, or a PromptFile already read."""
+    if isinstance(source, PromptFile):
+        return source.prompts[:n]
     if source == "humaneval":
         return humaneval_prompts(n)
     if source == "sharegpt":

@@ -109,3 +109,29 @@ def test_load_prompts_sources(tmp_path: Path):
         data.load_prompts(str(tmp_path / "missing.json"), 2)
     with pytest.raises(ValueError, match="cannot read prompts"):
         data.prompts_from_file(tmp_path / "missing.json")
+
+
+def test_a_prompts_pipe_is_read_once(tmp_path: Path):
+    """`--prompts <(...)`: a pipe gives its bytes to one reader; the checks and the run share that one read."""
+    import os
+    import threading
+
+    from runtime.cli.values import PromptSource
+
+    fifo = tmp_path / "prompts"
+    os.mkfifo(fifo)
+    opened = []
+
+    def writer(text: str) -> None:
+        with open(fifo, "w") as f:  # blocks until a reader opens the pipe
+            opened.append(text)
+            f.write(text)
+
+    threading.Thread(target=writer, args=('[{"text": "def f(x):"}, {"text": "hi"}]',), daemon=True).start()
+    source = PromptSource().convert(str(fifo), None, None)
+    # A second read would get only what this late writer sends: no prompts, and a failed parse.
+    threading.Thread(target=writer, args=("",), daemon=True).start()
+    assert data.load_prompts(source, 5) == ["def f(x):", "hi"] and source == str(fifo)
+    assert opened == ['[{"text": "def f(x):"}, {"text": "hi"}]']
+    with open(fifo) as f:  # let the second writer finish
+        f.read()

@@ -22,7 +22,7 @@ import click
 
 from artifacts.format import MANIFEST_FILE
 from runtime.checks import first_surrogate
-from runtime.data import PACKAGED_SOURCES, prompts_from_file
+from runtime.data import PACKAGED_SOURCES, PromptFile, prompts_from_json
 from runtime.kernels.build import usable_cores
 from runtime.sampling import MAX_SEED, SamplingParams
 
@@ -185,24 +185,24 @@ class PromptSource(click.ParamType):
     NAMED = PACKAGED_SOURCES
 
     def convert(self, value, param, ctx):
-        if value in self.NAMED:
+        if isinstance(value, PromptFile) or value in self.NAMED:
             return value
         if not Path(value).exists():
             self.fail(f"{value!r} is neither {' nor '.join(self.NAMED)} nor an existing file; check the path", param, ctx)
         try:
-            json.loads(read_utf8(value))
+            data = json.loads(read_utf8(value))  # read once: the file may be a pipe, `<(...)`
         except json.JSONDecodeError as e:
             self.fail(f"cannot read prompts from {value}: not JSON ({e}); it should hold a JSON list of "
                       '{"text": ...} objects', param, ctx)
         except ValueError as e:
             self.fail(str(e), param, ctx)
         try:
-            prompts = prompts_from_file(value)
+            prompts = prompts_from_json(data, value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
         if not prompts:
             self.fail(f"{value} holds no prompts ([]); add at least one {{\"text\": ...}} object", param, ctx)
-        return value
+        return PromptFile(value, prompts)
 
 
 class MethodList(click.ParamType):
