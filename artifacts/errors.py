@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,10 @@ class NotAnArtifact(ArtifactError):
                    f"`{RECIPE_COMMAND.format(model='MODEL', artifact='NEWDIR')}`")
         elif self.path.suffix == ".gguf" and self.path.is_file():  # a model file given where its artifact goes
             fix = f"build an artifact from it with `{RECIPE_COMMAND.format(model=path, artifact='ART')}`, then pass ART"
+        elif self.path.is_file() and (self.path.parent / MANIFEST_FILE).is_file():  # a file inside an artifact
+            fix = f"pass the artifact's folder, {self.path.parent}"
+        elif self.path.is_symlink() and not self.path.exists():
+            fix = f"it is a link to {os.readlink(self.path)}, which does not exist: fix or remove the link"
         else:
             fix = f"check the path, or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`"
         super().__init__(f"{path} is not a specvocab artifact ({reason}); {fix}")

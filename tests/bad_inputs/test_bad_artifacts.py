@@ -148,3 +148,18 @@ def test_a_manifest_naming_an_unknown_packaged_model(art: Path):
 def test_stage_files_are_readable_by_others(art: Path):
     for p in art.iterdir():
         assert p.stat().st_mode & 0o044 == 0o044, p.name  # the umask's 0644, not 0600
+
+
+def test_a_file_inside_an_artifact_names_the_folder(art: Path):
+    with pytest.raises(ArtifactError, match=rf"not a specvocab artifact \(not a directory\); pass the artifact's folder, {art}$"):
+        Artifact.open(art / MANIFEST_FILE)
+
+
+def test_a_dangling_link_is_named_as_one(tmp_path: Path, tiny_model: Path):
+    link = tmp_path / "art"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(ArtifactError, match=f"it is a link to {tmp_path / 'gone'}, which does not exist: fix or remove the link"):
+        Artifact.open(link)
+    prep_fails(["cluster", tiny_model, "-o", link, *TINY_CLUSTERS], f"cannot write to {link}: it is a link to "
+               f"{tmp_path / 'gone'}, which does not exist; fix or remove the link, or choose another -o")
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
