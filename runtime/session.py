@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,8 +94,11 @@ def open_session(
     transformers), native, lean or transformers (runtime.backends).
     """
     artifact = Artifact.open(artifact_path)
+    spec = model or model_spec_of(artifact)
+    if progress:  # a few seconds with nothing else on the screen
+        print(f"[specvocab] {spec}: loading for {artifact_path} ...", file=sys.stderr, flush=True)
     try:
-        loaded, target = load_target(model or model_spec_of(artifact), backend, progress=progress)
+        loaded, target = load_target(spec, backend, progress=progress)
     except ModelError as e:
         if model is not None:
             raise
