@@ -162,8 +162,6 @@ def _compile(path: str, name: str, build_dir: Path) -> ModuleType:
             shutil.rmtree(build_dir)
         work = build_dir.parent / tmp_name(build_dir.name)
         work.mkdir()
-        (work / BUILT_MARKER).touch()  # a probe that the folder takes files; removed again before the build
-        (work / BUILT_MARKER).unlink()
     except OSError as e:
         raise NoBuildPlace(e.errno, e.strerror, str(build_dir.parent)) from None
     try:
