@@ -35,6 +35,13 @@ class ArtifactError(Exception):
         super().__init__(" ".join(message.splitlines()))
 
 
+def broken_link(path: Path) -> str | None:
+    """'it is a link to X, which does not exist' for a dangling symlink, else None: how messages name one."""
+    if path.is_symlink() and not path.exists():
+        return f"it is a link to {os.readlink(path)}, which does not exist"
+    return None
+
+
 class NotAnArtifact(ArtifactError):
     """The path is missing, or its manifest is missing or damaged.
 
@@ -50,8 +57,8 @@ class NotAnArtifact(ArtifactError):
             fix = f"build an artifact from it with `{RECIPE_COMMAND.format(model=path, artifact='ART')}`, then pass ART"
         elif self.path.is_file() and (self.path.parent / MANIFEST_FILE).is_file():  # a file inside an artifact
             fix = f"pass the artifact's folder, {self.path.parent}"
-        elif self.path.is_symlink() and not self.path.exists():
-            fix = f"it is a link to {os.readlink(self.path)}, which does not exist: fix or remove the link"
+        elif (broken := broken_link(self.path)) is not None:
+            fix = f"{broken}: fix or remove the link"
         else:
             fix = f"check the path, or build one with `{RECIPE_COMMAND.format(model='MODEL', artifact=path)}`"
         super().__init__(f"{path} is not a specvocab artifact ({reason}); {fix}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from artifacts import ArtifactError
 from artifacts.atomic import WriterLock, remove_dead_leftovers
+from artifacts.errors import broken_link
 
 
 @contextmanager
@@ -31,9 +32,8 @@ def locked_folder(path: Path, option: str, busy: Callable[[int], Exception]) -> 
             raise PermissionError(13, "Permission denied", str(path))
     except OSError as e:
         remove_empty(made)
-        if path.is_symlink() and not path.exists():
-            raise ArtifactError(f"cannot write to {path}: it is a link to {os.readlink(path)}, which does not exist; "
-                                f"fix or remove the link, or choose another {option}") from None
+        if (broken := broken_link(path)) is not None:
+            raise ArtifactError(f"cannot write to {path}: {broken}; fix or remove the link, or choose another {option}") from None
         raise ArtifactError(f"cannot write to {path} ({e.strerror or e}); choose a writable {option}") from None
     lock = WriterLock(path)
     holder = lock.acquire()
