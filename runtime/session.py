@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from runtime.heads import BOUNDS, CertifiedHead, ClusterBound, FullHead, ScreenB
 from runtime.heads.screen4_bound import Screen4Bound
 from runtime.kernels import has_screen4_kernel, kernel_name
 from runtime.backends import TargetModel, load_target, reload_target
-from runtime.models import LoadedModel, ModelError
+from runtime.models import LoadedModel, ModelError, ModelLog
 
 
 
@@ -95,8 +94,7 @@ def open_session(
     """
     artifact = Artifact.open(artifact_path)
     spec = model or model_spec_of(artifact)
-    if progress:  # a few seconds with nothing else on the screen
-        print(f"[specvocab] {spec}: loading for {artifact_path} ...", file=sys.stderr, flush=True)
+    ModelLog.of(spec, progress)(f"loading for {artifact_path} ...")  # a few seconds with nothing else on the screen
     try:
         loaded, target = load_target(spec, backend, progress=progress)
     except ModelError as e:

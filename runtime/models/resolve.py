@@ -47,7 +47,7 @@ class ResolvedModel:
 
 def resolve_model(spec: str, *, progress: bool = True) -> ResolvedModel:
     """Resolve a packaged name, HF model directory or .gguf path; convert and cache GGUF once."""
-    log = _Log(Path(spec).name or spec, progress)
+    log = ModelLog.of(spec, progress)
     # A packaged name wins over a same-named local folder (pass ./name for the folder).
     if spec in registry.PACKAGED:
         return _resolve_packaged(registry.PACKAGED[spec], log)
@@ -85,7 +85,7 @@ def _resolve_hf_dir(path: Path) -> ResolvedModel:
     return ResolvedModel(provenance.get("name", path.resolve().name), path, source, gguf_path)
 
 
-def _resolve_packaged(model: PackagedModel, log: _Log) -> ResolvedModel:
+def _resolve_packaged(model: PackagedModel, log: ModelLog) -> ResolvedModel:
     """Return the cached conversion of a packaged model, building it on first use."""
     source = ModelSource("packaged", name=model.name, gguf_sha256=model.sha256)
     target = models_dir() / model.name
@@ -113,7 +113,7 @@ def _resolve_packaged(model: PackagedModel, log: _Log) -> ResolvedModel:
     return ResolvedModel(model.name, target, source, target / model.gguf_name)
 
 
-def _resolve_gguf_file(path: Path, log: _Log) -> ResolvedModel:
+def _resolve_gguf_file(path: Path, log: ModelLog) -> ResolvedModel:
     """Return the cached conversion of a user's .gguf file, keyed by its content hash."""
     check_gguf(path)
     with _step(log, f"hashing {path.name}"):
@@ -160,7 +160,7 @@ def _gguf_record(model: PackagedModel) -> dict:
     return {"file": model.gguf_name, "sha256": model.sha256, "size": model.size}
 
 
-def _convert(gguf: Path, out: Path, log: _Log) -> dict:
+def _convert(gguf: Path, out: Path, log: ModelLog) -> dict:
     """Dequantize a .gguf with transformers, save it as a float32 safetensors directory; return its
     fingerprint fields (load.fingerprint_fields), computed here so a weights-free load need not."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -200,11 +200,16 @@ def _check_tie(path: Path, model: PackagedModel) -> None:
         )
 
 
-class _Log:
+class ModelLog:
     """Prints `[specvocab] <model>: <message>` lines to stderr, or nothing."""
 
     def __init__(self, label: str, enabled: bool) -> None:
         self.label, self.enabled = label, enabled
+
+    @classmethod
+    def of(cls, spec: str, enabled: bool) -> ModelLog:
+        """The log of a model argument, labelled by its name (a path's last part)."""
+        return cls(Path(spec).name or spec, enabled)
 
     def __call__(self, message: str) -> None:
         if self.enabled:
@@ -212,7 +217,7 @@ class _Log:
 
 
 @contextmanager
-def _step(log: _Log, what: str) -> Iterator[None]:
+def _step(log: ModelLog, what: str) -> Iterator[None]:
     """Log a step when it starts and its elapsed time when it ends."""
     log(f"{what} ...")
     start = time.perf_counter()
