@@ -151,7 +151,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     runtime bench-screen art/g270 --json bench-out/screen.json
     """
     from runtime import api
-    from runtime.bench.report import markdown_rows, write_json
+    from runtime.bench.report import markdown_rows
     from runtime.bench.screen_bits import candidate_fractions
     from runtime.data import load_prompts
     from runtime.kernels import QuantMatrix, dequantize
@@ -173,12 +173,14 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     head = target.head_weight  # [V, d]
     rows = candidate_fractions(dequantize(head), hidden, chosen)
     exact_bytes = head.data.shape[1] / head.cols if isinstance(head, QuantMatrix) else head.element_size()
-    click.echo(f"{engine.session.model.info.name}: {hidden.shape[0]} hidden states of {prompt_source}; the exact head "
-               f"streams {exact_bytes:.3f} bytes per weight")
-    click.echo(markdown_rows(rows, [("format", "screen", "{}"), ("bytes_per_weight", "bytes / weight", "{:.3f}"),
-                                    ("relative_error", "mean |W - Q(W)| / |W|", "{:.4f}"),
-                                    ("candidates_mean", "recomputed (mean)", "{:.3%}"),
-                                    ("candidates_p90", "p90", "{:.3%}"), ("candidates_max", "max", "{:.3%}")]))
+    report = "\n".join([
+        f"{engine.session.model.info.name}: {hidden.shape[0]} hidden states of {prompt_source}; the exact head "
+        f"streams {exact_bytes:.3f} bytes per weight",
+        markdown_rows(rows, [("format", "screen", "{}"), ("bytes_per_weight", "bytes / weight", "{:.3f}"),
+                             ("relative_error", "mean |W - Q(W)| / |W|", "{:.4f}"),
+                             ("candidates_mean", "recomputed (mean)", "{:.3%}"),
+                             ("candidates_p90", "p90", "{:.3%}"), ("candidates_max", "max", "{:.3%}")])])
+    record = None
     if json_path:
         from runtime.bench.provenance import provenance
 
@@ -186,8 +188,19 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
                   "setup": {"model": engine.session.model.info.name, "prompts": prompt_source, "positions": hidden.shape[0],
                             **provenance()},
                   "rows": rows}
-        with values.writing("--json"):
+    print_report(report, record, json_path)
+
+
+def print_report(report: str, record: dict | None, json_path) -> None:
+    """Print a measuring command's report and write its record (if --json asked for one), each whatever the other meets."""
+    from runtime.bench.report import write_json
+
+    def write() -> None:
+        if record is not None:
             write_json(record, json_path)
+
+    values.print_and_write(report, write, "--json")
+    if record is not None:
         click.echo(f"wrote {json_path}", err=True)
 
 
@@ -234,7 +247,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     runtime bench-verify art/g270 --head csv --repeats 20 --json bench-out/verify.json
     """
     from runtime import api
-    from runtime.bench.report import markdown_rows, write_json
+    from runtime.bench.report import markdown_rows
     from runtime.bench.verify_cost import best_gamma, tree_verify_cost, verify_cost
     from runtime.data import load_prompts
 
@@ -261,18 +274,19 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     if any(row["head_fallbacks"] for row in rows):  # a near-tie position: its full-head pass is in every timing
         columns.insert(3, ("head_fallbacks", "full-head rows", "{:.1f}"))
     label = f"csv:{bound}" if head_kind == "csv" else "full"
-    click.echo(f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
-               f"{torch.get_num_threads()} threads, median of {repeats}")
-    click.echo(markdown_rows(rows, columns))
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
-    click.echo("best gamma with a free drafter (n-gram): " + ", ".join(
-        f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items()))
+    report = [f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
+              f"{torch.get_num_threads()} threads, median of {repeats}",
+              markdown_rows(rows, columns),
+              "best gamma with a free drafter (n-gram): " + ", ".join(
+                  f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items())]
     if tree_rows:
-        click.echo("token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) here is a "
-                   "one-token step timed between the trees (interleaved with them, not the table above)")
-        click.echo(markdown_rows(tree_rows, [("nodes", "nodes N", "{}"), ("depth", "depth", "{}"),
+        report += ["token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) here is a "
+                   "one-token step timed between the trees (interleaved with them, not the table above)",
+                   markdown_rows(tree_rows, [("nodes", "nodes N", "{}"), ("depth", "depth", "{}"),
                                              ("forward_ms", "forward ms", "{:.2f}"), ("total_ms", "T_V ms", "{:.2f}"),
-                                             ("ratio", "T_V / T_V(1)", "{:.2f}x")]))
+                                             ("ratio", "T_V / T_V(1)", "{:.2f}x")])]
+    record = None
     if json_path:
         from runtime.bench.provenance import provenance
 
@@ -283,9 +297,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
                   "rows": rows,
                   "tree_rows": tree_rows,
                   "best_gamma_free_drafter": {str(a): {"gamma": g, "speedup": s} for a, (g, s) in choices.items()}}
-        with values.writing("--json"):
-            write_json(record, json_path)
-        click.echo(f"wrote {json_path}", err=True)
+    print_report("\n".join(report), record, json_path)
 
 
 def _token_run(tokenizer, texts: list[str], length: int) -> torch.Tensor:
