@@ -19,6 +19,7 @@ PREP_COMMANDS = {
     Stage.ROUTER: "prep train-router {artifact} --traces TRACES",
     Stage.GP: "prep gp-basis {artifact} --rank RANK",
     Stage.ONEDECODE: "prep bake-onedecode {artifact} --traces TRACES",
+    Stage.DRAFTER: "prep train-drafter {artifact} --features FEATURES",
 }
 RECIPE_COMMAND = "prep all {model} -o {artifact}"
 

@@ -75,6 +75,7 @@ class Stage:
     ROUTER = "router"
     GP = "gp"
     ONEDECODE = "onedecode"
+    DRAFTER = "drafter"
 
 
 def tensor_filename(stage: str) -> str:

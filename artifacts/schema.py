@@ -193,3 +193,29 @@ ONEDECODE = declare(StageSchema(
     },
     params=("v_bake", "top_k"),
 ))
+
+# The EAGLE-3 draft head (prep train-drafter), under the checkpoint names of runtime.drafters.eagle.
+# Q = heads x head_dim, K = kv heads x head_dim, F = the MLP width, Vd = the draft vocabulary.
+DRAFTER = declare(StageSchema(
+    Stage.DRAFTER,
+    tensors={
+        "fc.weight": T("float32", "d", "*"),
+        "midlayer.input_layernorm.weight": T("float32", "d"),
+        "midlayer.hidden_norm.weight": T("float32", "d"),
+        "midlayer.self_attn.q_proj.weight": T("float32", "Q", "*"),
+        "midlayer.self_attn.k_proj.weight": T("float32", "K", "*"),
+        "midlayer.self_attn.v_proj.weight": T("float32", "K", "*"),
+        "midlayer.self_attn.o_proj.weight": T("float32", "d", "Q"),
+        "midlayer.post_attention_layernorm.weight": T("float32", "d"),
+        "midlayer.mlp.gate_proj.weight": T("float32", "F", "d"),
+        "midlayer.mlp.up_proj.weight": T("float32", "F", "d"),
+        "midlayer.mlp.down_proj.weight": T("float32", "d", "F"),
+        "norm.weight": T("float32", "d"),
+        "lm_head.weight": T("float32", "Vd", "d"),
+        "d2t": T("int64", "Vd"),
+        "t2d": T("bool", "V"),
+        "draft_order": T("int64", "Vd"),  # draft-vocabulary rows, the target's most chosen first (FR-Spec lists)
+    },
+    params=("hidden_size", "num_heads", "kv_heads", "head_dim", "intermediate_size", "draft_vocab", "vocab_size",
+            "feature_layers", "rope_theta", "steps"),
+))

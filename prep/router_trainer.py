@@ -1,4 +1,4 @@
-"""Lightning's Trainer for prep train-router: its flags checked before any work, its chatter off, Ctrl-C kept.
+"""Lightning's Trainer for prep train-router and train-drafter: its flags checked before any work, its chatter off, Ctrl-C kept.
 
 Only strategies that start their processes from this run work: `auto` (one device, or ddp_spawn
 when the devices are several) and `ddp_spawn`. Lightning's `ddp` (like fsdp and deepspeed)
@@ -95,11 +95,12 @@ def ctrl_c_kept(trainer: L.Trainer) -> Iterator[None]:
 class StepBar(L.Callback):
     """One progress bar over the optimizer steps, with the loss (Lightning's own restarts at every epoch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.bar: tqdm | None = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self.bar = tqdm(total=trainer.max_steps, desc="router", unit="step", file=sys.stderr,
+        self.bar = tqdm(total=trainer.max_steps, desc=self.name, unit="step", file=sys.stderr,
                         disable=not trainer.is_global_zero)
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
@@ -115,15 +116,16 @@ class StepBar(L.Callback):
 
 
 def fit_and_validate(module: L.LightningModule, data: L.LightningDataModule, flags: dict, max_steps: int,
-                     work_dir: Path, progress: bool) -> dict[str, float]:
+                     work_dir: Path, progress: bool, name: str = "router") -> dict[str, float]:
     """Train for max_steps with `flags`, then validate on one device; returns the validation metrics.
 
+    name: what the progress bar says it trains.
     CSV logs and checkpoints go under work_dir; the metrics go into the stage's params, not the logs.
     """
     checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
     with quiet_lightning():
         trainer = L.Trainer(max_steps=max_steps, logger=CSVLogger(str(work_dir), name="logs"),
-                            callbacks=[checkpoints, *([StepBar()] if progress else [])], enable_progress_bar=False,
+                            callbacks=[checkpoints, *([StepBar(name)] if progress else [])], enable_progress_bar=False,
                             enable_model_summary=False, log_every_n_steps=min(10, max_steps), num_sanity_val_steps=0,
                             **flags)
         with ctrl_c_kept(trainer):

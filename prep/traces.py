@@ -4,8 +4,15 @@ Each text (a ShareGPT conversation through the chat template, a HumanEval prompt
 JSON file) is cut to `max_tokens_per_text` tokens and run through the target in one forward.
 Per position the shards hold the input id, the final-normed hidden state (float16), the next
 token (-1 at a text's last position), the target's top-1, its top TOP_TOKENS tokens with their
-probabilities (the multi-label router loss) and, per `drafter_layers` value N, the final-normed
-hidden state after the first N layers (what a `layers:N` drafter computes).
+probabilities (the multi-label router loss), per `drafter_layers` value N, the final-normed
+hidden state after the first N layers (what a `layers:N` drafter computes) and, with
+`feature_layers` (prep traces --features), the target's own features an EAGLE-3 draft head reads:
+the residual stream entering each of those layers, side by side ([T, 3d] bfloat16: gemma3's residual
+stream leaves float16's range).
+
+Corpora: ShareGPT conversations, HumanEval prompts (the bench's: never train a drafter on them),
+`pystdlib` (the source files of this Python's standard library: code that is not HumanEval), or a
+JSON file of texts.
 
 Texts are assigned to shards and to a split (train / validation / heldout) before any forward
 runs. A packaged corpus's text is split by a hash of the corpus and its index
@@ -22,6 +29,7 @@ refuses a folder whose index does not say `finished` (written last, once every s
 from __future__ import annotations
 
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -39,6 +47,8 @@ from runtime.backends.hf import TransformersTarget
 from runtime.checks import comma_items, is_digits
 
 TOP_TOKENS = 8
+CODE_CORPUS = "pystdlib"  # the Python standard library's own source: code context outside HumanEval
+CODE_FILE_CHARS = 6_000  # a source file's first characters make one text (about the 512-token cut)
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 
 
@@ -59,6 +69,8 @@ def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
     "humaneval" (the 164 prompts) or a JSON file of {"text": ...} objects."""
     if corpus == "humaneval":
         yield from humaneval_prompts()
+    elif corpus == CODE_CORPUS:
+        yield from stdlib_texts()
     elif corpus == "sharegpt":
         for conversation in sharegpt_conversations():
             turns = [
@@ -73,10 +85,22 @@ def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
         yield from corpus_file_texts(corpus)
 
 
+def stdlib_texts() -> Iterator[str]:
+    """The standard library's .py files (sorted by path, tests left out), each cut to CODE_FILE_CHARS characters."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).parts
+        if "site-packages" in relative or any(part in ("test", "tests", "idlelib") for part in relative):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")[:CODE_FILE_CHARS].strip()
+        if text:
+            yield text
+
+
 def corpus_file_texts(corpus: str) -> list[str]:
     """The texts of a corpus file; ValueError naming the fix for an unknown name, a bad file or an empty one."""
     if not Path(corpus).is_file():
-        raise ValueError(f"unknown corpus {corpus!r}: use sharegpt, humaneval, or the path of a JSON file of {{\"text\": ...}}")
+        raise ValueError(f"unknown corpus {corpus!r}: use sharegpt, humaneval, {CODE_CORPUS}, or the path of a JSON file of {{\"text\": ...}}")
     texts = prompts_from_file(corpus)
     if not texts:
         raise ValueError(f"{corpus} holds no text; give a JSON list of {{\"text\": ...}} objects")
@@ -85,7 +109,7 @@ def corpus_file_texts(corpus: str) -> list[str]:
 
 def check_corpus(corpus: str) -> None:
     """Refuse, before the model loads, a corpus that is not packaged and not a file of texts."""
-    if corpus not in PACKAGED_SOURCES:
+    if corpus not in PACKAGED_SOURCES and corpus != CODE_CORPUS:
         corpus_file_texts(corpus)
 
 
@@ -143,10 +167,12 @@ def plan_shards(
 
 
 @torch.inference_mode()
-def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[int]) -> dict[str, torch.Tensor]:
+def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[int],
+               feature_layers: list[int] = ()) -> dict[str, torch.Tensor]:
     """One text's per-position tensors (see the module docstring)."""
     tokens = torch.tensor(ids, dtype=torch.long)
-    out = target.body(input_ids=tokens.view(1, -1), use_cache=False, output_hidden_states=bool(drafter_layers))
+    out = target.body(input_ids=tokens.view(1, -1), use_cache=False,
+                      output_hidden_states=bool(drafter_layers or feature_layers))
     hidden = out.last_hidden_state[0]  # [T, d]
     # Top tokens in row chunks: a 512-token text times a 262k vocabulary is 0.5 GB of logits at once.
     tops = [
@@ -166,14 +192,18 @@ def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[
     for n in drafter_layers:
         # hidden_states[n] is the input of layer n (the output of the first n layers), before the norm.
         tensors[f"hidden_layers_{n}"] = target.body.norm(out.hidden_states[n][0]).to(torch.float16)
+    if feature_layers:
+        features = torch.cat([out.hidden_states[n][0] for n in feature_layers], dim=1)  # [T, 3d]
+        tensors["features"] = features.to(torch.bfloat16)
     return tensors
 
 
-def run_shard(target: TransformersTarget, plan: ShardPlan, drafter_layers: list[int], bar: tqdm | None = None) -> dict[str, torch.Tensor]:
+def run_shard(target: TransformersTarget, plan: ShardPlan, drafter_layers: list[int], bar: tqdm | None = None,
+              feature_layers: list[int] = ()) -> dict[str, torch.Tensor]:
     """Trace every text of a shard; rows of all texts concatenated, `doc` says whose row it is."""
     parts = []
     for ids in plan.ids:
-        parts.append(trace_text(target, ids, drafter_layers))
+        parts.append(trace_text(target, ids, drafter_layers, feature_layers))
         if bar is not None:
             bar.update(len(ids))
     tensors = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
@@ -209,6 +239,7 @@ def build_traces(
     force: bool = False,
     option: str = "-o",
     progress: bool = True,
+    feature_layers: tuple[int, ...] = (),
 ) -> dict:
     """Write (or complete) a traces folder; returns its index.
 
@@ -231,6 +262,8 @@ def build_traces(
         "vocab_size": target.vocab_size,
         "hidden_size": target.hidden_size,
         "split_percent": dict(zip(SPLITS, SPLIT_PERCENT)),
+        # Only where asked for, so folders written before features existed keep their settings.
+        **({"feature_layers": list(feature_layers)} if feature_layers else {}),
     }
     with writing_traces(out, option) as out:
         previous = _previous_index(out, force)
@@ -258,7 +291,7 @@ def build_traces(
                     if (out / INDEX_FILE).exists():  # no index may list a shard while it is rewritten; later kept ones stay
                         later = [kept[p.name] for p in plans[position + 1:] if p.name in kept]
                         write_index(out, {**index, "shards": index["shards"] + later})
-                    tensors = run_shard(target, plan, settings["drafter_layers"], bar)
+                    tensors = run_shard(target, plan, settings["drafter_layers"], bar, list(feature_layers))
                     atomic_write(out / plan.name, lambda tmp: save_tensors(tensors, tmp))
                     entry = {**plan.entry(), **shard_checksum(out / plan.name)}
                 index["shards"].append(entry)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from runtime.drafters.base import Drafter, Proposal
+from runtime.drafters.base import Drafter, FeatureReader, Proposal
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
 from runtime.decode import TokenStream, drive
 from runtime.stats import DecodeStats, SpecStats
@@ -187,7 +187,10 @@ def stream_speculative(
 
         return one_round
 
-    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop)
+    cache = target.new_cache()
+    if isinstance(drafter, FeatureReader):
+        drafter.follow(cache)  # before the prefill, whose features the first round reads
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop, cache)
 
 
 # (context, tokens still to produce) -> the round's verdict. Before a round the target's cache holds
@@ -206,19 +209,21 @@ def stream_rounds(
     begin: Callable[[object, TokenBan, SpecStats], Round],
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
+    cache=None,
 ) -> TokenStream:
     """The loop chains and trees share: prefill and first token as in stream_ar, then draft-and-verify
     rounds, each verdict's tokens appended (and yielded) until EOS, a stop string or max_new_tokens.
 
     begin(cache, ban, spec): called once after the first token (drafter resets go here); gives the
-    round function. ban: the EOS min-response guard over absolute context positions.
+    round function. ban: the EOS min-response guard over absolute context positions. cache: a new
+    cache of the target's to decode in (default: target.new_cache()).
     """
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
     stats = DecodeStats(prompt_tokens=prompt.numel(), spec=SpecStats())
     head_before = replace(head.stats)
     started = time.perf_counter()
-    cache = target.new_cache()
+    cache = target.new_cache() if cache is None else cache
     hidden = target.forward(prompt, cache)[-1:]  # [1, d]
     stats.forwards += 1
     context = prompt.tolist()

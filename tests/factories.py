@@ -104,14 +104,14 @@ def tiny_causal_lm(arch: str) -> torch.nn.Module:
     raise ValueError(f"no tiny {arch!r} model; use one of {', '.join(TINY_ARCHS)}")
 
 
-def save_tiny_model_dir(path: Path, *, tied: bool = False) -> Path:
-    """Save a random 2-layer Llama (vocab 128, hidden 32) and a word-level tokenizer into path."""
+def save_tiny_model_dir(path: Path, *, tied: bool = False, layers: int = 2) -> Path:
+    """Save a random Llama (vocab 128, hidden 32, 2 layers unless told) and a word-level tokenizer into path."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
     )
     LlamaForCausalLM(config).save_pretrained(path)

@@ -17,28 +17,33 @@ from runtime.cli.values import COUNT, Integer, Number
 
 @main.command("traces")
 @model_argument
-@click.option("--corpus", default=None, help="sharegpt, humaneval, or a JSON file of {\"text\": ...} objects (default: the recipe's).")
+@click.option("--corpus", default=None,
+              help="sharegpt, humaneval, pystdlib (the standard library's source), or a JSON file of {\"text\": ...} objects (default: the recipe's).")
 @click.option("-o", "--out", required=True, help="Traces folder to create or complete (its own folder, not an artifact).")
 @click.option("--max-tokens", type=COUNT, default=None, help="Total token budget (default: the recipe's).")
 @click.option("--shard-tokens", type=COUNT, default=16_384, show_default=True, help="Tokens per shard (the resume unit).")
 @click.option("--max-tokens-per-text", type=Integer(2), default=None, help="Default: the recipe's.")
 @click.option("--drafter-layers", default=None,
               help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 16 or 15,16; 0 = none (default: the recipe's).")
+@click.option("--features", is_flag=True,
+              help="Also store the target's features an EAGLE-3 draft head reads (prep train-drafter): 3 layers, bfloat16.")
 @click.option("--force", is_flag=True, help="Rebuild the folder's traces: needed to change their settings, or to remove or shorten them.")
 @clean_errors(interrupted="complete shards are kept: rerun the same command to resume")
 def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_tokens_per_text, drafter_layers,
-           force: bool) -> None:
+           features: bool, force: bool) -> None:
     """Run the target teacher-forced over a corpus and write trace shards (resumable).
 
     \b
     prep traces gemma3-270m -o traces/g270
     prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000 --drafter-layers 16
+    prep traces gemma3-270m --corpus pystdlib --features -o features/g270-code --max-tokens 40000
     """
     from prep.trace_files import check_traces_folder
     from prep.traces import build_traces, check_corpus, parse_layers
     from runtime.models import load_model
     from runtime.backends.hf import TransformersTarget
     from runtime.backends.lean import model_eos_ids
+    from runtime.drafters.eagle_head import feature_layers
 
     cfg = overridden(load_recipe(model).router, corpus=corpus, max_tokens=max_tokens,
                      max_tokens_per_text=max_tokens_per_text, drafter_layers=drafter_layers)
@@ -47,8 +52,9 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     check_traces_folder(out, "-o")
     loaded = load_model(model)
     target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
+    taps = feature_layers(loaded.model.config.num_hidden_layers) if features else ()
     index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
-                         cfg.max_tokens_per_text, tuple(layers), force)
+                         cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps)
     tokens = sum(e["tokens"] for e in index["shards"])
     click.echo(f"{out}: {len(index['shards'])} shards, {tokens} tokens")
 
@@ -165,3 +171,51 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
     click.echo(f"wrote stage onedecode to {artifact}: {params['single_keys']} single + {params['pair_keys']} pair keys; "
                f"held-out hit rate {held['hit_rate']:.1%}, top-1 agreement {held['top1_agreement']:.1%}, "
                f"top-{top_k} recall {held['topk_recall']:.1%} ({held['positions']} positions)")
+
+
+@main.command("train-drafter")
+@click.argument("artifact")
+@click.option("--features", "folders", multiple=True, required=True,
+              help="Features folder written by prep traces --features (repeat for several corpora).")
+@click.option("--draft-vocab", type=COUNT, default=16_384, show_default=True,
+              help="Draft vocabulary: the target's most chosen tokens (FR-Spec style).")
+@click.option("--intermediate", type=COUNT, default=None, help="The head's MLP width (default: the target's).")
+@click.option("--steps", type=Integer(1, 8), default=3, show_default=True, help="Training-time-test depth (draft steps unrolled).")
+@click.option("--epochs", type=COUNT, default=2, show_default=True)
+@click.option("--lr", type=Number(0, low_open=True), default=5e-4, show_default=True)
+@click.option("--devices", default="auto", show_default=True, help="Lightning devices: a number (1, 2) or auto.")
+@click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator: cpu, gpu or auto.")
+@click.option("--precision", default="32-true", show_default=True, help="Lightning precision (32-true, bf16-mixed, ...).")
+@click.option("--strategy", default="auto", show_default=True,
+              help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the command, refused.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: FEATURES/drafter-train).")
+@click.option("--force", is_flag=True, help="Overwrite an existing drafter stage.")
+@clean_errors
+def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab: int, intermediate, steps: int,
+                          epochs: int, lr: float, devices: str, accelerator: str, precision: str, strategy: str,
+                          seed: int, work_dir, force: bool) -> None:
+    """Train the EAGLE-3 draft head on the target's features (Lightning) and write stage `drafter`.
+
+    \b
+    prep traces gemma3-270m --features -o features/g270
+    prep train-drafter art/g270 --features features/g270 --features features/g270-code
+    runtime generate art/g270 --method spec:eagle+csv:screen4 --prompt "def fib(n):"
+    """
+    from prep.drafter_train import DrafterConfig, train_drafter
+    from prep.router_trainer import lightning_flags
+    from prep.trace_files import traces_of
+    from runtime.session import open_session
+
+    flags = lightning_flags(devices, accelerator, precision, strategy)
+    with stages.adding_stage(artifact, Stage.DRAFTER, force) as art:
+        for folder in folders:
+            traces_of(folder, art.model.name, art.model.vocab_size)
+        session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
+        config = DrafterConfig(draft_vocab=draft_vocab, intermediate_size=intermediate, steps=steps, epochs=epochs,
+                               lr=lr, seed=seed, trainer_flags=flags)
+        params = train_drafter(session, list(folders), work_dir or Path(folders[0]) / "drafter-train", config, force)
+    top1 = ", ".join(f"{params['validation'][f'val/top1@{j}']:.1%}" for j in range(steps))
+    click.echo(f"wrote stage drafter to {artifact}: draft vocabulary {params['draft_vocab']} "
+               f"(covers {params['draft_vocab_coverage']:.1%} of the target's choices), validation top-1 by step "
+               f"{top1} ({params['optimizer_steps']} steps, {params['seconds']} s)")

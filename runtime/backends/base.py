@@ -22,12 +22,29 @@ class KVCache:
     """Preallocated per-layer K/V buffers [KV, capacity, hd]; the first `length` tokens are valid.
 
     Rolling back is lowering `length`: the buffers stay allocated and later writes overwrite them.
+    A tapped cache (`tap`) also keeps, per token, the residual stream entering the tapped layers
+    (`features` [capacity, len(tapped) d]): what an EAGLE head reads, rolled back with the rest.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = INITIAL_CAPACITY):
         self.keys = [torch.zeros(kv_heads, capacity, head_dim, dtype=dtype) for _ in range(layers)]
         self.values = [torch.zeros(kv_heads, capacity, head_dim, dtype=dtype) for _ in range(layers)]
         self.length = 0
+        self.tapped: tuple[int, ...] = ()  # layers whose input the forward writes into `features`
+        self.features: torch.Tensor | None = None  # [capacity, len(tapped) d], allocated by the first tapped forward
+
+    def tap(self, layers: tuple[int, ...]) -> None:
+        """Keep the residual stream entering `layers` for every token fed from now on (before any is fed)."""
+        if self.length:
+            raise ValueError("tap a cache before its first forward: the features of fed tokens are gone")
+        self.tapped, self.features = tuple(layers), None
+
+    def write_features(self, slot: int, start: int, x: torch.Tensor) -> None:
+        """Store tapped layer `slot`'s input rows x [T, d] at tokens start.."""
+        width = x.shape[1]
+        if self.features is None:
+            self.features = x.new_zeros(self.capacity, len(self.tapped) * width)
+        self.features[start : start + x.shape[0], slot * width : (slot + 1) * width] = x
 
     def __len__(self) -> int:
         return self.length
@@ -48,6 +65,10 @@ class KVCache:
                 new = old.new_zeros(old.shape[0], capacity, old.shape[2])
                 new[:, : self.length] = old[:, : self.length]
                 buffers[i] = new
+        if self.features is not None:
+            grown = self.features.new_zeros(capacity, self.features.shape[1])
+            grown[: self.length] = self.features[: self.length]
+            self.features = grown
 
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""
@@ -64,6 +85,8 @@ class KVCache:
                 for buffer in buffers:
                     picked = buffer.index_select(1, slots)  # [KV, n, hd], a new tensor
                     buffer[:, start : start + len(nodes)] = picked
+            if self.features is not None:
+                self.features[start : start + len(nodes)] = self.features.index_select(0, slots)
         self.length = start + len(nodes)
 
 

@@ -189,6 +189,7 @@ class Decoder:
         rows = _Rows(start, count)
         x = self.embed(tokens)  # [T, d]
         for index, layer in enumerate(self.layers):
+            self._tap(cache, index, rows.start, x)
             x = self._layer(layer, x, cache, index, rows)
         cache.length = start + count
         return self.norm(x)
@@ -221,9 +222,17 @@ class Decoder:
             self._extend_rotary(cache.capacity)
         x = self.embed(tokens)  # [n, d]
         for index, layer in enumerate(self.layers):
+            self._tap(cache, index, rows.start, x)
             x = self._layer(layer, x, cache, index, rows)
         cache.length = start + total
         return self.norm(x)
+
+    @staticmethod
+    def _tap(cache: KVCache, index: int, start: int, x: torch.Tensor) -> None:
+        """Copy the residual stream x [T, d] entering layer `index` into a tapped cache's features."""
+        for slot, tapped in enumerate(cache.tapped):
+            if tapped == index:
+                cache.write_features(slot, start, x)
 
     def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, rows: _Rows) -> torch.Tensor:
         """One decoder layer over x [T, d] (the tokens or tree nodes `rows`); returns the new residual [T, d].

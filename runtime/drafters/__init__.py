@@ -13,6 +13,7 @@ from typing import Callable
 
 from runtime.checks import is_digits
 from runtime.drafters.base import Drafter, Proposal
+from runtime.drafters.eagle import EagleDrafter, build_eagle, parse_eagle
 from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp
 from runtime.drafters.int8 import Int8Drafter
 from runtime.drafters.layers import LayerDrafter
@@ -169,10 +170,13 @@ for _name, _help in (("dynaspec", "dynaspec:layers:N|int8[:k=K][:schedule=fixed|
         _help, head="none"))
 
 register_drafter(DrafterEntry("onedecode", parse_onedecode, build_onedecode, ONEDECODE_HELP, head="none"))
+register_drafter(DrafterEntry(
+    "eagle", parse_eagle, lambda c, a: build_eagle(c.target, c.artifact, a),
+    "eagle[:frspec=N] (the trained EAGLE-3 head of stage drafter, on the target's own features)", head="none"))
 
 
 __all__ = [
-    "DRAFTERS", "DraftContext", "Drafter", "DrafterEntry", "GPDrafter", "Int8Drafter", "LayerDrafter", "LookupDrafter",
+    "DRAFTERS", "DraftContext", "Drafter", "DrafterEntry", "EagleDrafter", "GPDrafter", "Int8Drafter", "LayerDrafter", "LookupDrafter",
     "ModelDrafter", "NgramDrafter", "Proposal", "build_drafter", "drafters_help", "load_model_drafter", "parse_drafter",
     "register_drafter",
 ]

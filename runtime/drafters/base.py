@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -43,4 +43,13 @@ class Drafter(Protocol):
 
     def observe(self, verdict: Verdict) -> None:
         """The verifier's verdict on the last proposal (drafters with a cache roll it back here)."""
+        ...
+
+
+@runtime_checkable
+class FeatureReader(Protocol):
+    """A drafter that reads the target's own hidden states (EAGLE): the loop hands it the target's cache."""
+
+    def follow(self, cache) -> None:
+        """Tap `cache` (runtime.backends.base.KVCache.tap) before its first forward and read its features."""
         ...

@@ -1,0 +1,209 @@
+"""The `eagle` drafter: a trained EAGLE-3 head (stage `drafter`) drafting from the target's own features.
+
+The target's decoder writes the residual stream entering the head's feature layers into its KV
+cache (KVCache.tap), so the verify forward the loop runs anyway computes the head's input: no
+extra target work. Per round the head first catches up on the positions the target verified since
+the last round (one forward over their features), then drafts one token per step from its own
+output, with its own one-layer KV cache (cropped back to the verified positions after the round).
+
+The head runs on the native kernels: every matrix is requantized to Q8_0 once at load (a quarter of
+fp32's bytes; a drafted token's cost is what matters, and drafts never change the output: the
+verifier is exact). Drafts are the head's top-1 mapped to target ids (point masses, so exact
+sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only the N draft-vocabulary
+rows the target chose most often in training (FR-Spec's shortlist on the head).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from runtime.drafters.base import Proposal, empty_proposal
+from runtime.drafters.eagle_head import EagleConfig, EagleHead, apply_rotary, rotary
+from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
+from runtime.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.verify import Verdict
+
+# EagleHead's parameter names -> the EAGLE-3 checkpoint's (what vLLM, SGLang and llama.cpp's converter read).
+CHECKPOINT_NAMES = {
+    "fc.weight": "fc.weight",
+    "input_layernorm": "midlayer.input_layernorm.weight",
+    "hidden_norm": "midlayer.hidden_norm.weight",
+    "q_proj.weight": "midlayer.self_attn.q_proj.weight",
+    "k_proj.weight": "midlayer.self_attn.k_proj.weight",
+    "v_proj.weight": "midlayer.self_attn.v_proj.weight",
+    "o_proj.weight": "midlayer.self_attn.o_proj.weight",
+    "post_attention_layernorm": "midlayer.post_attention_layernorm.weight",
+    "gate_proj.weight": "midlayer.mlp.gate_proj.weight",
+    "up_proj.weight": "midlayer.mlp.up_proj.weight",
+    "down_proj.weight": "midlayer.mlp.down_proj.weight",
+    "norm": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "d2t": "d2t",
+    "t2d": "t2d",
+}
+CACHE_CAPACITY = 512  # the head's K/V rows at first; doubled as a sequence grows
+
+
+def stage_tensors(head: EagleHead) -> dict[str, torch.Tensor]:
+    """The head's weights under their checkpoint names (stage `drafter`), float32, contiguous."""
+    state = head.state_dict()
+    return {CHECKPOINT_NAMES[k]: (v.float() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+
+def head_from_stage(tensors: dict[str, torch.Tensor], config: EagleConfig) -> EagleHead:
+    """An EagleHead holding a stage's tensors."""
+    head = EagleHead(config)
+    head.load_state_dict({name: tensors[checkpoint] for name, checkpoint in CHECKPOINT_NAMES.items()})
+    return head.eval()
+
+
+def q8_0(weight: torch.Tensor) -> QuantMatrix:
+    """A float weight [out, in] requantized to Q8_0 (gguf-py's quantizer): what the kernels stream for it."""
+    rows, cols = weight.shape
+    blocks = quantize(weight.detach().float().contiguous().numpy(), GGMLQuantizationType.Q8_0)
+    return QuantMatrix.from_numpy(np.ascontiguousarray(blocks), GGMLQuantizationType.Q8_0, rows, cols)
+
+
+class KernelHead:
+    """An EagleHead's forward on the native kernels, over a one-layer KV cache of its own."""
+
+    def __init__(self, head: EagleHead, shortlist: torch.Tensor | None = None) -> None:
+        c = self.config = head.config
+        self.fc = q8_0(head.fc.weight)
+        self.qkv = [q8_0(head.q_proj.weight), q8_0(head.k_proj.weight), q8_0(head.v_proj.weight)]
+        self.o = q8_0(head.o_proj.weight)
+        self.gate_up = [q8_0(head.gate_proj.weight), q8_0(head.up_proj.weight)]
+        self.down = q8_0(head.down_proj.weight)
+        rows = torch.arange(c.draft_vocab) if shortlist is None else shortlist  # draft-vocabulary rows kept
+        self.lm_head = q8_0(head.lm_head.weight[rows])
+        self.token_ids = head.draft_ids()[rows]  # [rows]: the target id of each kept row
+        self.norms = {name: getattr(head, name).detach().float().clone()
+                      for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")}
+        self.keys = torch.zeros(c.kv_heads, CACHE_CAPACITY, c.head_dim)
+        self.values = torch.zeros_like(self.keys)
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Fused features [T, d] of the target's tapped layers [T, 3d]."""
+        return linear(features, self.fc)
+
+    def step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Append rows (token embeddings, hidden inputs [T, d]) at the next positions; their layer outputs [T, d]."""
+        c, count, start = self.config, embeds.shape[0], self.length
+        n = self.norms
+        x = torch.cat([rms_norm(embeds, n["input_layernorm"], 1e-6), rms_norm(hidden, n["hidden_norm"], 1e-6)], dim=1)
+        qkv = quant_linear_parts(x, self.qkv)  # [T, (H + 2 KV) hd]
+        q_width, kv_width = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
+        q = qkv[:, :q_width].reshape(count, c.num_heads, c.head_dim).transpose(0, 1)  # [H, T, hd]
+        k = qkv[:, q_width : q_width + kv_width].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
+        v = qkv[:, q_width + kv_width :].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
+        cos, sin = rotary(torch.arange(start, start + count), c.head_dim, c.rope_theta)
+        self._reserve(start + count)
+        self.keys[:, start : start + count] = apply_rotary(k, cos, sin)
+        self.values[:, start : start + count] = v
+        self.length = start + count
+        mask = None if count == 1 else torch.ones(count, start + count, dtype=torch.bool).tril(start)
+        attended = F.scaled_dot_product_attention(
+            apply_rotary(q, cos, sin).unsqueeze(0), self.keys[:, : self.length].unsqueeze(0),
+            self.values[:, : self.length].unsqueeze(0), attn_mask=mask, enable_gqa=c.num_heads != c.kv_heads,
+        )[0].transpose(0, 1).reshape(count, q_width)  # [T, H hd]
+        x = hidden + linear(attended, self.o)
+        gate_up = quant_linear_parts(rms_norm(x, n["post_attention_layernorm"], 1e-6), self.gate_up)  # [T, 2 F]
+        half = gate_up.shape[1] // 2
+        return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], self.down)
+
+    def top1(self, out: torch.Tensor) -> int:
+        """The target id of the best draft-vocabulary token for the last layer output of out [T, d]."""
+        logits = linear(rms_norm(out[-1:], self.norms["norm"], 1e-6), self.lm_head)  # [1, rows]
+        return int(self.token_ids[int(logits.argmax())])
+
+    def _reserve(self, length: int) -> None:
+        if length > self.keys.shape[1]:
+            capacity = max(length, 2 * self.keys.shape[1])
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                new = old.new_zeros(old.shape[0], capacity, old.shape[2])
+                new[:, : self.length] = old[:, : self.length]
+                setattr(self, name, new)
+
+
+class EagleDrafter:
+    """Drafts a chain per round from the target's tapped features (runtime.backends.base.KVCache.tap)."""
+
+    def __init__(self, target, head: EagleHead, shortlist: torch.Tensor | None = None) -> None:
+        self.target = target
+        self.head = KernelHead(head, shortlist)
+        self.layers = head.config.feature_layers
+        self.cache = None  # the target's KV cache, whose taps hold the features
+        self.fed = 0  # verified positions the head's cache holds (its rows 0..fed-1)
+        self.out: torch.Tensor | None = None  # the head's output at row fed - 1 [1, d]
+
+    def follow(self, cache) -> None:
+        """Read the features of the target cache `cache` (the loop calls this before its prefill)."""
+        cache.tap(self.layers)
+        self.cache = cache
+
+    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
+              ban: TokenBan = NO_BAN) -> None:
+        self.head.crop(0)
+        self.fed, self.out = 0, None
+
+    def propose(self, context: list[int], k: int) -> Proposal:
+        verified = len(context) - 1  # the target cache holds features of context[:-1]
+        if k <= 0 or self.cache is None or verified < 1:
+            return empty_proposal()
+        if self.fed < verified:  # catch up: row t reads the features at t and the token t + 1
+            rows = slice(self.fed, verified)
+            features = self.cache.features[rows]  # [n, 3d]
+            embeds = self.target.embedding_rows(torch.tensor(context[self.fed + 1 : verified + 1]))  # [n, d]
+            self.out = self.head.step(embeds, self.head.fuse(features))[-1:]
+            self.fed = verified
+        drafts, out = [], self.out
+        for _ in range(k):
+            token = self.head.top1(out)
+            drafts.append(token)
+            if len(drafts) < k:
+                out = self.head.step(self.target.embedding_rows(torch.tensor([token])), out)
+        self.head.crop(self.fed)
+        return Proposal(torch.tensor(drafts, dtype=torch.long))
+
+    def observe(self, verdict: Verdict) -> None:
+        """Nothing to learn: the next propose catches up on the verified positions."""
+
+
+def parse_eagle(args: list[str]) -> tuple[str, ...]:
+    """eagle[:frspec=N]: N >= 1 keeps the head's N most chosen draft-vocabulary rows."""
+    if not args:
+        return ()
+    option, _, value = args[0].partition("=")
+    if len(args) > 1 or option != "frspec" or not value.isdigit() or int(value) < 1:
+        raise ValueError(f"eagle takes at most frspec=N (N >= 1), not {':'.join(args)!r}; e.g. eagle or eagle:frspec=4096")
+    return (f"frspec={int(value)}",)
+
+
+def build_eagle(target, artifact, args: tuple[str, ...]) -> EagleDrafter:
+    """The eagle drafter over the artifact's stage `drafter` (trained by prep train-drafter)."""
+    from artifacts.format import Stage
+
+    if artifact is None or not artifact.has_stage(Stage.DRAFTER):
+        where = artifact.path if artifact is not None else "ART"
+        raise ValueError(f"the eagle drafter needs stage drafter; run: prep train-drafter {where} --features FEATURES")
+    if not hasattr(target, "decoder"):
+        raise ValueError("the eagle drafter reads the target's layers on the native or lean backend; use --backend native")
+    tensors = artifact.read_stage(Stage.DRAFTER)
+    head = head_from_stage(tensors, EagleConfig.from_params(artifact.stage_params(Stage.DRAFTER)))
+    shortlist = None
+    if args:
+        size = int(args[0].removeprefix("frspec="))
+        if size > head.config.draft_vocab:
+            raise ValueError(f"eagle:frspec={size} exceeds the head's draft vocabulary of {head.config.draft_vocab}; "
+                             f"give N <= {head.config.draft_vocab}")
+        shortlist = tensors["draft_order"][:size].sort().values  # FR-Spec: the most chosen rows
+    return EagleDrafter(target, head, shortlist)

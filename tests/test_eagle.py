@@ -1,0 +1,148 @@
+"""The EAGLE-3 draft head on a tiny random 6-layer Llama: features, Lightning training, the stage, and
+the `eagle` drafter's exactness (greedy identity with plain decoding, exact sampling)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from prep.cli import main as prep_main
+from runtime.decode import generate_ar
+from runtime.drafters.eagle import EagleDrafter, KernelHead, head_from_stage, q8_0
+from runtime.drafters.eagle_head import EagleConfig, feature_layers
+from runtime.heads import FullHead
+from runtime.kernels import dequantize
+from runtime.method_builders import build_method
+from runtime.sampling import SamplingParams
+from runtime.session import open_session
+from tests.factories import save_tiny_model_dir
+
+TEXTS = 60
+
+
+def invoke(args) -> str:
+    result = CliRunner().invoke(prep_main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """prep cluster + prep traces --features + prep train-drafter on a tiny 6-layer Llama, once for the module."""
+    root = tmp_path_factory.mktemp("eagle")
+    model = save_tiny_model_dir(root / "model", layers=6)
+    rng = random.Random(0)
+    corpus = root / "corpus.json"
+    corpus.write_text(json.dumps([{"text": " ".join(f"w{rng.randrange(2, 40)}" for _ in range(rng.randrange(12, 40)))}
+                                  for _ in range(TEXTS)]))
+    art, features = root / "art", root / "features"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+        invoke(["cluster", model, "-o", art, "--clusters", 8])
+        invoke(["traces", model, "--corpus", corpus, "-o", features, "--shard-tokens", 400, "--drafter-layers", 0,
+                "--features"])
+        out = invoke(["train-drafter", art, "--features", features, "--draft-vocab", 48, "--epochs", 1,
+                      "--devices", 1, "--accelerator", "cpu"])
+        session = open_session(art, backend="lean", progress=False)
+    return session, features, out
+
+
+def test_features_are_the_residual_stream_entering_the_tapped_layers(trained):
+    session, features, _ = trained
+    from prep.trace_files import load_traces
+
+    index, t = load_traces(features, ["features", "input_ids", "doc"])
+    assert index["feature_layers"] == list(feature_layers(6)) == [2, 3, 3]
+    first = t["doc"] == t["doc"][0]
+    ids = t["input_ids"][first].long()
+    cache = session.target.new_cache()
+    cache.tap(tuple(index["feature_layers"]))
+    session.target.forward(ids, cache)
+    # Traces come from transformers' fp32 forward, the tap from the native ladder: the same model, to rounding.
+    torch.testing.assert_close(cache.features[: ids.numel()], t["features"][first].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_training_writes_a_drafter_stage_that_reports_its_validation(trained):
+    session, _, out = trained
+    params = session.artifact.stage_params("drafter")
+    assert params["draft_vocab"] == 48 and params["steps"] == 3
+    assert 0 < params["draft_vocab_coverage"] <= 1
+    assert {f"val/top1@{j}" for j in range(3)} <= set(params["validation"])
+    assert "validation top-1 by step" in out
+
+
+def test_kernel_head_matches_the_training_module(trained):
+    """The runtime's Q8_0 head computes what the nn.Module computes with those Q8_0 weights, over a catch-up and a draft step."""
+    session, _, _ = trained
+    art = session.artifact
+    head = q8_module(art)  # the module on the values the kernels read, so only summation order differs
+    gen = torch.Generator().manual_seed(0)
+    d = head.config.hidden_size
+    features, embeds = torch.randn(5, 3 * d, generator=gen) * 3, torch.randn(6, d, generator=gen)
+    with torch.no_grad():
+        reference = head.unrolled(features, embeds, 2)  # step 0 rows 0..4; step 1 row t reads row t's step-0 output
+    runner = KernelHead(head)
+    out = runner.step(embeds[:5], runner.fuse(features))
+    torch.testing.assert_close(out, reference[0], atol=1e-4, rtol=1e-4)
+    second = runner.step(embeds[5:6], out[-1:])  # row 4's second step, after all of step 0's rows
+    torch.testing.assert_close(second, reference[1][-1:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive"])
+def test_eagle_greedy_equals_plain_decoding(trained, method):
+    session, _, _ = trained
+    target, head = session.target, FullHead(session.target.head_weight, session.target.head_bias)
+    built = build_method(session, method)
+    rng, drafted = random.Random(1), 0
+    for _ in range(4):
+        prompt = torch.tensor([2] + [rng.randrange(2, 40) for _ in range(rng.randrange(3, 30))])
+        reference, _ = generate_ar(target, head, prompt, 40)
+        tokens, stats = built.decode(prompt, 40, SamplingParams(), None)
+        assert tokens == reference
+        drafted += stats.spec.drafted
+    assert drafted > 0
+
+
+def q8_module(art) -> "EagleHead":
+    """The stage's head with every Linear weight replaced by its Q8_0 values (what KernelHead reads)."""
+    head = head_from_stage(art.read_stage("drafter"), EagleConfig.from_params(art.stage_params("drafter")))
+    with torch.no_grad():
+        for module in head.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(dequantize(q8_0(module.weight)))
+    return head
+
+
+def test_drafts_are_the_training_modules_chain_on_the_targets_features(trained):
+    """Decode-time alignment: the drafter's chain is the module's greedy chain over the same features and tokens
+    (row t reads the features at t and the token t + 1; each draft feeds the next step)."""
+    session, _, _ = trained
+    head = q8_module(session.artifact)
+    drafter = EagleDrafter(session.target, head)
+    context = [2] + [random.Random(5).randrange(2, 40) for _ in range(14)]
+    cache = session.target.new_cache()
+    drafter.follow(cache)
+    drafter.reset(context, SamplingParams(), None)
+    session.target.forward(torch.tensor(context[:-1]), cache)
+    drafts = drafter.propose(context, 3).tokens.tolist()
+    features = cache.features[: len(context) - 1]
+    embeds = session.target.embedding_rows(torch.tensor(context[1:] + drafts[:2]))
+    with torch.no_grad():
+        outs = head.unrolled(features, embeds, 3)
+    chain = [int(head.draft_ids()[head.logits(out[-1:]).argmax()]) for out in outs]
+    assert drafts == chain
+
+
+def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
+    model = save_tiny_model_dir(tmp_path / "model", layers=6)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+        invoke(["cluster", model, "-o", tmp_path / "art", "--clusters", 8])
+        session = open_session(tmp_path / "art", backend="lean", progress=False)
+    with pytest.raises(ValueError, match="prep train-drafter"):
+        build_method(session, "spec:eagle")
