@@ -217,5 +217,5 @@ DRAFTER = declare(StageSchema(
         "draft_order": T("int64", "Vd"),  # draft-vocabulary rows, the target's most chosen first (FR-Spec lists)
     },
     params=("hidden_size", "num_heads", "kv_heads", "head_dim", "intermediate_size", "draft_vocab", "vocab_size",
-            "feature_layers", "rope_theta", "steps"),
+            "feature_layers", "rope_theta", "steps", "max_positions"),
 ))

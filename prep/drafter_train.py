@@ -225,6 +225,7 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
     params = {
         **eagle.params(),
         "steps": c.steps,
+        "max_positions": int(getattr(body, "max_position_embeddings", 0) or 0),  # the target's, for exports
         "features": [str(f) for f in folders],
         "train_texts": len(data.splits["train"]),
         "validation_texts": len(data.splits["validation"]),

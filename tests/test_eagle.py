@@ -146,3 +146,25 @@ def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
         session = open_session(tmp_path / "art", backend="lean", progress=False)
     with pytest.raises(ValueError, match="prep train-drafter"):
         build_method(session, "spec:eagle")
+
+
+def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
+    """config.json names LlamaForCausalLMEagle3 with the head's shape; the weights carry the checkpoint names and d2t."""
+    import safetensors.torch
+
+    session, _, _ = trained
+    out = tmp_path / "head"
+    invoke(["export-drafter", session.artifact.path, "-o", out])
+    config = json.loads((out / "config.json").read_text())
+    params = session.artifact.stage_params("drafter")
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert config["draft_vocab_size"] == params["draft_vocab"] == 48
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == params["feature_layers"]
+    weights = safetensors.torch.load_file(out / "model.safetensors")
+    stage = session.artifact.read_stage("drafter")
+    assert "draft_order" not in weights and "midlayer.self_attn.q_proj.weight" in weights
+    assert weights["lm_head.weight"].dtype == torch.bfloat16
+    assert torch.equal(weights["d2t"], stage["d2t"]) and torch.equal(weights["t2d"], stage["t2d"])
+    assert torch.equal(weights["d2t"] + torch.arange(48), torch.nonzero(stage["t2d"]).view(-1))
+    result = CliRunner().invoke(prep_main, ["export-drafter", str(session.artifact.path), "-o", str(out)])
+    assert result.exit_code != 0 and "--force" in result.output

@@ -219,3 +219,25 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab: 
     click.echo(f"wrote stage drafter to {artifact}: draft vocabulary {params['draft_vocab']} "
                f"(covers {params['draft_vocab_coverage']:.1%} of the target's choices), validation top-1 by step "
                f"{top1} ({params['optimizer_steps']} steps, {params['seconds']} s)")
+
+
+@main.command("export-drafter")
+@click.argument("artifact")
+@click.option("-o", "--out", required=True, help="Checkpoint folder to write (config.json + model.safetensors).")
+@click.option("--force", is_flag=True, help="Replace an existing folder at -o.")
+@clean_errors
+def export_drafter_command(artifact: str, out: str, force: bool) -> None:
+    """Export stage `drafter` as an EAGLE-3 checkpoint folder (vLLM, SGLang, llama.cpp's convert_hf_to_gguf.py).
+
+    \b
+    prep export-drafter art/g270 -o heads/g270-eagle3
+    vllm serve TARGET --speculative-config '{"method": "eagle3", "model": "heads/g270-eagle3", "num_speculative_tokens": 4}'
+    """
+    from artifacts import Artifact
+    from prep.drafter_export import export_drafter
+
+    art = Artifact.open(artifact)
+    if not art.has_stage(Stage.DRAFTER):
+        raise click.ClickException(f"{artifact} has no stage drafter; run: prep train-drafter {artifact} --features FEATURES")
+    written = export_drafter(art, out, force)
+    click.echo(f"wrote {written}: an EAGLE-3 head for {art.model.name}")
