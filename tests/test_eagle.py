@@ -168,3 +168,38 @@ def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
     assert torch.equal(weights["d2t"] + torch.arange(48), torch.nonzero(stage["t2d"]).view(-1))
     result = CliRunner().invoke(prep_main, ["export-drafter", str(session.artifact.path), "-o", str(out)])
     assert result.exit_code != 0 and "--force" in result.output
+
+
+def test_sampled_eagle_follows_the_target_distribution(trained):
+    """At temperature 0.7 the second token (the first a verify round decides, over eagle's draft) follows the
+    target's exact marginal sum_x1 p(x1) p(x2 | x1): a chi-square test over 3000 seeded runs (EOS banned in both)."""
+    from scipy.stats import chisquare
+
+    session, _, _ = trained
+    target, params = session.target, SamplingParams(temperature=0.7)
+    full = FullHead(target.head_weight, target.head_bias)
+    prompt = [2, 11, 7, 30, 5, 19]
+
+    def probs(context: list[int]) -> torch.Tensor:
+        """The warped target distribution after `context`, EOS banned (the runs' min-response guard) [V]."""
+        logits = full.logits(target.forward(torch.tensor(context), target.new_cache())[-1:])[0]
+        logits[list(target.eos_token_ids)] = float("-inf")
+        return torch.softmax(logits / 0.7, 0)
+
+    first = probs(prompt)
+    marginal = sum(first[x] * probs(prompt + [x]) for x in range(first.numel()) if first[x] > 1e-6)  # [V]
+    built = build_method(session, "spec:eagle:gamma=2")
+    runs = 3000
+    counts = torch.zeros_like(marginal)
+    for seed in range(runs):
+        tokens, _ = built.decode(torch.tensor(prompt), 2, params, torch.Generator().manual_seed(seed), min_new_tokens=2)
+        counts[tokens[1]] += 1
+    expected = marginal.double() / marginal.double().sum() * runs
+    big = expected >= 5  # pool the rare tokens into one bin
+    observed = torch.cat([counts[big].double(), counts[~big].sum().double().view(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
+    if wanted[-1] < 5:  # too rare to test alone: fold into the largest bin
+        observed[observed.argmax()] += observed[-1]
+        wanted[wanted.argmax()] += wanted[-1]
+        observed, wanted = observed[:-1], wanted[:-1]
+    assert chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
