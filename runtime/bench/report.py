@@ -22,7 +22,9 @@ COLUMNS = [
     ("required_open_fraction", "needed to certify", "{:.1%}"),
     ("mean_accepted_length", "mean accepted length", "{:.2f}"),
     ("acceptance_rate", "acceptance", "{:.1%}"),
+    ("acceptance_by_position", "acceptance by position", "{}"),
     ("draft_ms_per_token", "T_D ms", "{:.2f}"),
+    ("draft_share_of_ar_step", "T_D / ar step", "{:.1%}"),
     ("verify_ms_per_round", "T_V ms", "{:.2f}"),
     ("predicted_tokens_per_s", "predicted tok/s", "{:.2f}"),
     ("shortlist_fraction", "shortlist", "{:.1%}"),
@@ -39,9 +41,15 @@ def markdown_table(rows: list[dict]) -> str:
 
     A method that makes no identity claim (llama.cpp, MJSD) shows how often its tokens equalled `ar`'s
     in a column of its own, never as "identical to greedy"."""
-    rows = [{**row, "method": method_label(row), "unclaimed_identity": _unclaimed_identity(row)} for row in rows]
+    rows = [{**row, "method": method_label(row), "unclaimed_identity": _unclaimed_identity(row),
+             "acceptance_by_position": _by_position(row.get("acceptance_by_position"))} for row in rows]
     shown = [c for c in COLUMNS if c[0] in ALWAYS_SHOWN or any(row.get(c[0]) is not None for row in rows)]
     return markdown_rows(rows, shown)
+
+
+def _by_position(shares: list[float] | None) -> str | None:
+    """Acceptance at draft positions 1, 2, .. as '62/41/30 %' (None for methods that do not draft)."""
+    return "/".join(f"{100 * share:.0f}" for share in shares) + " %" if shares else None
 
 
 def _unclaimed_identity(row: dict) -> float | None:

@@ -108,7 +108,7 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
             "recomputed_fraction": head.recomputed_fraction,
             # Only the cluster bound reports what certification would have needed.
             "required_open_fraction": head.required_open_fraction if head.required_open_tokens else None,
-            **_speculative_fields(result),
+            **_speculative_fields(result, reference),
             "shortlist_fraction": _shortlist_fraction(result),
             "perplexity": result.perplexity,
             # Whole decode calls (prefill included) per new token; null with the reason where no counter is readable.
@@ -119,17 +119,22 @@ def summarize(results: list[MethodResult], params: SamplingParams) -> list[dict]
     return rows
 
 
-def _speculative_fields(result: MethodResult) -> dict:
-    """mean_accepted_length, acceptance_rate, T_D (ms per drafted token), T_V (ms per verify round)
-    and the GP paper's predicted tokens/s over all prompts, for methods that draft."""
+def _speculative_fields(result: MethodResult, reference: MethodResult | None) -> dict:
+    """mean_accepted_length, acceptance_rate and acceptance by draft position, T_D (ms per drafted token)
+    and its share of an ar step in this run, T_V (ms per verify round) and the GP paper's predicted
+    tokens/s over all prompts, for methods that draft."""
     specs = [run.spec for run in result.runs if run.spec is not None]
     if not specs:
         return {}
     total = SpecStats.combined(specs)
+    step_ms = 1e3 / reference.tokens_per_s if reference is not None and reference.tokens_per_s else None
+    draft_ms = 1e3 * total.seconds_draft_per_token
     return {
         "mean_accepted_length": total.mean_accepted_length,
         "acceptance_rate": total.acceptance_rate,
-        "draft_ms_per_token": 1e3 * total.seconds_draft_per_token,
+        "acceptance_by_position": total.acceptance_per_position,
+        "draft_share_of_ar_step": draft_ms / step_ms if step_ms and total.drafted else None,
+        "draft_ms_per_token": draft_ms,
         "verify_ms_per_round": 1e3 * total.seconds_verify_per_round,
         "predicted_tokens_per_s": total.predicted_tokens_per_s,
     }
