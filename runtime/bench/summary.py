@@ -1,11 +1,13 @@
 """The headline table from `runtime bench` records: per record, native `ar` and the best exact method
 against llama.cpp's plain decoding, whether every exact method matched `ar`, and llama.cpp's own
-identity to `ar` (the figures the README's Results tables report, read back from the JSONs)."""
+identity to `ar` (the figures the results pages in docs/results/ report, read back from the JSONs).
+A page holds the table between bench-summary markers, so it is regenerated, never edited."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -160,3 +162,18 @@ def _enabled_features(build: str) -> str:
     version, _, features = build.partition(":")
     enabled = [part.split("=")[0].split(":")[-1].strip() for part in features.split("|") if part.strip().endswith("= 1")]
     return f"{version.strip()} ({' '.join(enabled)})" if enabled else build
+
+
+# A page's generated block: the opening marker names the command that wrote it.
+PAGE_BLOCK = re.compile(r"<!-- bench-summary\b[^\n]*-->\n.*?<!-- /bench-summary -->", re.S)
+
+
+def page_with_summary(page: str, table: str, paths: list) -> str:
+    """`page` (Markdown) with its one bench-summary block replaced by `table`, the summary of `paths`;
+    SummaryError unless the page holds exactly one block between its two markers."""
+    found = len(PAGE_BLOCK.findall(page))
+    if found != 1:
+        raise SummaryError(f"the page holds {found} blocks between <!-- bench-summary --> and <!-- /bench-summary -->, "
+                           "not 1; put the two marker lines, once, where the table goes")
+    opening = "<!-- bench-summary: runtime bench-summary " + " ".join(str(p) for p in paths) + " -->"
+    return PAGE_BLOCK.sub(lambda _: f"{opening}\n{table}\n<!-- /bench-summary -->", page)

@@ -4,6 +4,7 @@ lower-bit screens' candidate fractions, verify cost."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 import torch
@@ -75,16 +76,27 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
 
 @main.command("bench-summary")
 @click.argument("records", nargs=-1, required=True, type=click.Path())
+@click.option("--page", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table into this Markdown page, between its <!-- bench-summary --> and "
+                   "<!-- /bench-summary --> lines (docs/results/*.md).")
 @clean_errors
-def bench_summary(records) -> None:
+def bench_summary(records, page) -> None:
     """The headline table of greedy bench records: native ar and the best exact method against llama.cpp.
 
     \b
-    runtime bench-summary bench-out/w16/*.json
+    runtime bench-summary bench-out/*.json
+    runtime bench-summary bench-out/zen4/*.json --page docs/results/epyc-zen4.md
     """
-    from runtime.bench.summary import summary_markdown
+    from artifacts.atomic import atomic_write_bytes
+    from runtime.bench.summary import page_with_summary, summary_markdown
 
-    click.echo(summary_markdown(list(records)))
+    table = summary_markdown(list(records))
+    click.echo(table)
+    if page is not None:
+        text = page_with_summary(values.read_utf8(page), table, list(records))
+        with values.writing("--page"):
+            atomic_write_bytes(Path(page), text.encode())
+        click.echo(f"wrote the table into {page}", err=True)
 
 
 @main.command("bench-kernels")
