@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from runtime.bench import provenance
-from runtime.bench.summary import headline_row, summary_markdown
+from runtime.bench.summary import SummaryError, headline_row, page_with_summary, summary_markdown
 from runtime.cli import main as runtime_main
 
 
@@ -112,3 +112,23 @@ def test_code_version_is_this_checkouts_commit_or_none_outside_git(tmp_path: Pat
     assert provenance.code_version().split("+")[0] == head.stdout.strip()
     monkeypatch.setattr(provenance, "PACKAGE_ROOT", tmp_path)  # an installed copy: no checkout around it
     assert provenance.code_version() is None
+
+
+def test_page_gets_the_table_between_its_markers_and_nothing_else_changes(tmp_path: Path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record()))
+    page = tmp_path / "page.md"
+    page.write_text("# Machine\n\nbefore\n<!-- bench-summary: transcribed by hand -->\n| old |\n<!-- /bench-summary -->\nafter\n")
+    result = CliRunner().invoke(runtime_main, ["bench-summary", str(path), "--page", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert text.startswith("# Machine\n\nbefore\n<!-- bench-summary: runtime bench-summary ") and text.endswith(
+        "<!-- /bench-summary -->\nafter\n")
+    assert summary_markdown([path]) in text and "| old |" not in text
+    assert page_with_summary(text, summary_markdown([path]), [path]) == text  # regenerating changes nothing
+
+
+@pytest.mark.parametrize("page", ["no markers\n", "<!-- bench-summary -->\n<!-- /bench-summary -->\n" * 2])
+def test_a_page_without_exactly_one_block_is_refused(page: str):
+    with pytest.raises(SummaryError, match="not 1; put the two marker lines"):
+        page_with_summary(page, "| t |", [])
