@@ -40,7 +40,7 @@ DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spe
 
 def default_method(bound: str | None) -> MethodSpec:
     """The method run when none is named: the lookup drafter (the fastest drafter on every packaged
-    model, README "Results") verified through the certified head with `bound` (screen4 or screen), or
+    model, docs/results/) verified through the certified head with `bound` (screen4 or screen), or
     through the full head when the artifact has no screening stage (bound None)."""
     return parse_method(f"spec:lookup+csv:{bound}" if bound else "spec:lookup")
 

@@ -34,7 +34,7 @@ MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this man
 MAX_HITS = 8  # the index keeps this many occurrences of each n-gram in the session, the newest
 CONTEXT_VOTES = 2  # an occurrence in the context outweighs one in the session's other sequences
 # A draft goes past its first token while more than this share of the votes agree. Chosen on an
-# offline replay of recorded greedy outputs (development prompts; README "Speculative decoding"):
+# offline replay of recorded greedy outputs (development prompts; docs/speculative.md, "The lookup drafter's votes"):
 # more than 2/3 with CONTEXT_VOTES = 2 sat on a plateau for all three packaged models.
 CONSENSUS = Fraction(2, 3)
 

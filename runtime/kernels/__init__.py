@@ -21,7 +21,7 @@ INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of
 # ymm registers and screens the head with 256-bit multiply-adds: on qwen2.5-coder (native, certified
 # head, 1 thread) a second row costs 1.11x a one-row verify, a third 1.54x, a fourth 2.41x (a second
 # pass over the weights), and spec:lookup+csv gained 1.25x over ar at one draft per round against
-# 1.08x at four and 1.13x adapting from four (HumanEval, bench-out/w20; README, "the AVX2 path").
+# 1.08x at four and 1.13x adapting from four (HumanEval, at 88d7120; docs/results/xeon-no-amx-avx2.md).
 PAYING_DRAFTS = {"avx2": 1}
 
 
