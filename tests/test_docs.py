@@ -439,7 +439,7 @@ def test_generated_results_blocks_equal_bench_summary_of_their_committed_records
     for page in PAGES:
         for block in PAGE_BLOCK.findall(page_text(page)):
             opening, _, rest = block.partition("\n")
-            body = rest.rsplit("\n", 1)[0]
+            body = rest.rsplit("\n", 1)[0].strip()
             generated = re.match(r"<!-- bench-summary: runtime bench-summary (.+?) -->$", opening)
             if generated is None:
                 assert "transcribed by hand" in opening, f"{page.relative_to(ROOT)}: a block that says neither " \

@@ -176,4 +176,4 @@ def page_with_summary(page: str, table: str, paths: list) -> str:
         raise SummaryError(f"the page holds {found} blocks between <!-- bench-summary --> and <!-- /bench-summary -->, "
                            "not 1; put the two marker lines, once, where the table goes")
     opening = "<!-- bench-summary: runtime bench-summary " + " ".join(str(p) for p in paths) + " -->"
-    return PAGE_BLOCK.sub(lambda _: f"{opening}\n{table}\n<!-- /bench-summary -->", page)
+    return PAGE_BLOCK.sub(lambda _: f"{opening}\n\n{table}\n\n<!-- /bench-summary -->", page)  # blank lines: Markdown
