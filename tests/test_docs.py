@@ -261,12 +261,12 @@ def check_snippet(source: str) -> list[str]:
     return problems
 
 
-def test_readme_python_compiles_and_calls_the_api_as_it_is():
-    snippets = [body for _, body in code_blocks(README, "python")]
-    assert snippets, "the README shows how to call specvocab from Python"
-    for body in snippets:
-        compile(body, "README.md", "exec")
-        assert check_snippet(body) == []
+def test_python_in_the_docs_compiles_and_calls_the_api_as_it_is():
+    snippets = [(page, body) for page in PAGES for _, body in code_blocks(page, "python")]
+    assert any(page == README for page, _ in snippets), "the README shows how to call specvocab from Python"
+    for page, body in snippets:
+        compile(body, str(page.relative_to(ROOT)), "exec")
+        assert check_snippet(body) == [], page.relative_to(ROOT)
 
 
 def test_the_snippet_check_catches_a_renamed_call_and_a_wrong_keyword():
