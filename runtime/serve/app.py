@@ -27,6 +27,7 @@ from runtime.serve.protocol import APIError, ChatRequest, CompletionRequest, Sam
 from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started
 
 MAX_BODY_BYTES = 4 << 20  # a larger request body is refused (413) before it is parsed
+TYPE_TAGS = {"int", "float", "str", "bool"}  # pydantic's names of a union's members in an error's location
 DISCONNECT_POLL_S = 0.5  # a non-streaming request checks this often whether its client is still there
 
 
@@ -216,18 +217,18 @@ def _failure(failed: Failed) -> APIError:
 
 
 def _validation_error(error: RequestValidationError) -> APIError:
-    """The first schema error as one line naming the field."""
+    """The first schema error as one line naming the field (param: the top-level field)."""
     problems = error.errors()
-    if not problems:
-        return APIError(400, "the request body is not valid")
-    first = problems[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return APIError(400, f"the request body is not valid JSON ({first.get('msg')}); send a JSON object")
-    if first.get("type") == "extra_forbidden":
+    first = problems[0] if problems else {}
+    # The field's path, without pydantic's union-member tags ('int', 'list[str]', 'function-after[...]').
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and str(part) not in TYPE_TAGS and "[" not in str(part)]
+    param = loc[0] if loc else None
+    kind = first.get("type")
+    if kind == "json_invalid" or (kind == "missing" and param is None):
+        return APIError(400, "the request body is not valid JSON; send a JSON object")
+    if kind == "extra_forbidden":
         return APIError(400, f"unknown field {param!r}; see the API's fields (docs/serving.md)", param=param)
-    where = f"{param}: " if param else "the request body: "
+    where = f"{'.'.join(loc)}: " if loc else "the request body: "
     return APIError(400, f"{where}{first.get('msg', 'invalid value')}", param=param)
 
 
