@@ -42,7 +42,7 @@ CASES = [
     ("n of 2", {"n": 2}, 400, "n must be 1", "n"),
     ("unknown field", {"temprature": 0.5}, 400, "unknown field", "temprature"),
     ("unknown method", {"method": "warp-drive"}, 400, "unknown method", None),
-    ("bench-only method", {"method": "llamacpp"}, 400, "llamacpp", None),
+    ("reference method", {"method": "llamacpp"}, 400, "not served", None),
     ("bad gamma", {"method": "spec:ngram:gamma=99"}, 400, "gamma", None),
     ("empty prompt", {"prompt": ""}, 400, "empty", None),
     ("several prompts", {"prompt": ["w5", "w6"]}, 400, "one per request", "prompt"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from runtime.cli import clean_errors, main, model_options, values
-from runtime.methods import DEFAULT_METHOD_HELP, METHODS
+from runtime.methods import DEFAULT_METHOD_HELP
 
 
 @main.command()
@@ -40,12 +40,14 @@ def serve(artifact, host, port, method, max_batch, max_queue, timeout, api_key, 
     """
     from runtime import api
     from runtime.serve.app import create_app
-    from runtime.serve.scheduler import Scheduler
+    from runtime.serve.scheduler import Scheduler, check_servable
     from runtime.serve.server import listen, serve as run_server
 
-    if method is not None and METHODS[method.name].bench_only:
-        raise click.BadParameter(f"{method} is a bench-only reference; use it in runtime bench --methods",
-                                 param_hint="'--method'")
+    if method is not None:
+        try:
+            check_servable(method)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--method'") from None
     sock = listen(host, port)  # a port in use fails before the model loads
     engine = api.load(artifact, model, backend=backend)
     spec = method or engine.default_method()

@@ -21,10 +21,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from runtime.api import Engine, Plan
-from runtime.methods import METHODS
 from runtime.sampling import MAX_SEED, SamplingParams
 from runtime.serve.protocol import APIError, ChatRequest, CompletionRequest, Sampled, Shape
-from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started
+from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started, check_servable
 
 MAX_BODY_BYTES = 4 << 20  # a larger request body is refused (413) before it is parsed
 TYPE_TAGS = {"int", "float", "str", "bool"}  # pydantic's names of a union's members in an error's location
@@ -200,8 +199,7 @@ def _planner(body: Sampled, prompt, chat: bool, default_method: str):
                                   1.0 if body.top_p is None else body.top_p)
         plan = engine.prepare(prompt, body.method or default_method, sampling, body.token_limit(), chat, None,
                               body.stops(), seed)
-        if METHODS[plan.spec.name].bench_only:
-            raise ValueError(f"{plan.spec} is a bench-only reference (runtime bench --methods); name another method")
+        check_servable(plan.spec)
         return plan
 
     return prepare

@@ -31,11 +31,20 @@ from runtime.api import Engine, Plan
 from runtime.backends.target import DecoderTarget
 from runtime.decode import TokenStream
 from runtime.method_builders import build_method
+from runtime.methods import METHODS, MethodSpec
 from runtime.serve.metrics import Metrics
 from runtime.serve.prefill import ChunkedPrefill, PrefilledTarget
 from runtime.serve.text import TextDeltas
 
 IDLE_WAIT_S = 0.05  # with nothing to decode, the worker waits this long for a new request
+
+
+def check_servable(spec: MethodSpec) -> None:
+    """Refuse a method the server does not run: another program's decoder (llamacpp, a bench reference,
+    loaded anew per request and not this project's exact output) or a bench-only one."""
+    if spec.name == "llamacpp" or METHODS[spec.name].bench_only:
+        raise ValueError(f"{spec} is a reference decoder for runtime bench, not served; name one of this project's "
+                         "methods (e.g. spec:lookup+csv)")
 
 
 @dataclass(frozen=True)
