@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -160,27 +160,30 @@ class Engine:
         """The model's context in tokens (its config's max_position_embeddings; None if it has none)."""
         return getattr(self.session.model.config, "max_position_embeddings", None)
 
-    def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool = False) -> torch.Tensor:
-        """Token ids [P] of a prompt given as text (with chat=True through the chat template) or as ids.
+    def encode(self, prompt: str | Sequence[int] | torch.Tensor | list[dict], chat: bool = False) -> torch.Tensor:
+        """Token ids [P] of a prompt given as text (with chat=True through the chat template, which also
+        takes a list of {"role", "content"} messages) or as ids.
 
         A prompt that leaves no room in the model's context for one new token is a ValueError giving its
         token count and the limit (a very long text is refused before it is tokenized); so is an id
         outside the model's vocabulary, empty text, text that holds a lone surrogate, and a batch of several prompts."""
         require(isinstance(chat, bool), "chat", "True or False", chat)
         limit = self.context_length
-        if isinstance(prompt, str):
-            if limit and len(prompt) > MAX_CHARS_PER_TOKEN * limit:
-                raise ValueError(f"the prompt is {len(prompt)} characters, more than the model's context of {limit} "
-                                 f"tokens can hold ({MAX_CHARS_PER_TOKEN} characters per token at most are allowed); "
-                                 "shorten the prompt")
+        if chat and _is_messages(prompt):
+            _check_length(sum(len(message["content"]) for message in prompt), limit)
+            for message in prompt:
+                _check_unicode(f"a {message['role']} message", message["content"])
+            ids = encode_prompt(self.tokenizer, [dict(message) for message in prompt], chat)
+        elif isinstance(prompt, str):
+            _check_length(len(prompt), limit)
             if not prompt:  # a tokenizer that adds BOS would otherwise decode from BOS alone
                 raise ValueError("the prompt is empty text; give some text (or token ids: [BOS] alone starts from "
                                  "nothing)")
             _check_unicode("the prompt", prompt)
             ids = encode_prompt(self.tokenizer, prompt, chat)
         elif chat:
-            raise ValueError("chat=True wraps prompt text (one user turn) in the chat template; give that text as a "
-                             f"string, not token ids or messages: got {prompt!r:.80}")
+            raise ValueError("chat=True wraps prompt text (one user turn) or a list of {'role': str, 'content': str} "
+                             f"messages in the chat template; got {prompt!r:.80}")
         else:
             ids = _token_ids(prompt)
         if ids.numel() == 0:
@@ -222,6 +225,22 @@ class Engine:
         stop: end once the response contains one of these strings (kept in the output); a bare string is one.
         Every argument is checked before the method is built (which can take seconds: an int8 copy, a drafter model).
         """
+        plan = self.prepare(prompt, method, sampling, max_new_tokens, chat, min_response_tokens, stop, seed)
+        return Generation(self.tokenizer, plan.stream(self.method(plan.spec)), plan.note)
+
+    def prepare(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor | list[dict],
+        method: str | MethodSpec | None = None,
+        sampling: SamplingParams = SamplingParams(),
+        max_new_tokens: int = 128,
+        chat: bool = False,
+        min_response_tokens: int | None = None,
+        stop: str | Sequence[str] = (),
+        seed: int = 0,
+    ) -> "Plan":
+        """generate's arguments checked and the prompt encoded, nothing built or run: a Plan (generate's
+        arguments; with chat, the prompt may also be a list of {"role", "content"} messages)."""
         max_new_tokens, seed = _check_counts(max_new_tokens, seed)
         require(isinstance(chat, bool), "chat", "True or False", chat)
         guard = _response_guard(min_response_tokens, chat)
@@ -233,14 +252,12 @@ class Engine:
         check_sampling(sampling, [spec])
         ids = self.encode(prompt, chat)
         stops = StopStrings(self.tokenizer, stops) if stops else None
-        run = self.method(spec)
         room, note = self.room(ids.numel()), None
         if max_new_tokens > room:  # the prompt plus the new tokens stay within the context
             note = (f"note: the prompt ({ids.numel()} tokens) leaves room for {room} new token{'s' * (room != 1)} "
                     f"in the model's context of {self.context_length}; generating at most {room}, not {max_new_tokens}")
             max_new_tokens = room
-        generator = torch.Generator().manual_seed(seed)
-        return Generation(self.tokenizer, run.stream(ids, max_new_tokens, sampling, generator, guard, stops), note)
+        return Plan(ids, spec, sampling, max_new_tokens, guard, stops, seed, note)
 
     def bench(
         self,
@@ -297,6 +314,20 @@ class Engine:
         }
 
 
+def _is_messages(prompt) -> bool:
+    """Whether `prompt` is a non-empty list of chat messages: dicts with a str role and str content."""
+    return isinstance(prompt, list) and bool(prompt) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+
+
+def _check_length(characters: int, limit: int | None) -> None:
+    """Refuse a prompt of more characters than the model's context can hold, before it is tokenized."""
+    if limit and characters > MAX_CHARS_PER_TOKEN * limit:
+        raise ValueError(f"the prompt is {characters} characters, more than the model's context of {limit} "
+                         f"tokens can hold ({MAX_CHARS_PER_TOKEN} characters per token at most are allowed); "
+                         "shorten the prompt")
+
+
 def _token_ids(prompt) -> torch.Tensor:
     """Token ids [P] of a prompt given as ids (a sequence or tensor of integers, [P] or [1, P]); a TypeError
     for anything else (a bare integer included), a ValueError for a batch of several prompts."""
@@ -326,6 +357,25 @@ def _llamacpp_build(specs: Sequence[MethodSpec]) -> dict:
 def peak_rss_mib() -> float:
     """This process's peak resident set size so far, in MiB (getrusage: every method of a run included)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One generation, checked and encoded (Engine.prepare): what generate runs and the server schedules."""
+
+    ids: torch.Tensor  # [P] prompt token ids
+    spec: MethodSpec
+    sampling: SamplingParams
+    max_new_tokens: int  # already lowered to fit the model's context (then `note` says so)
+    min_new_tokens: int  # the EOS min-response guard
+    stops: StopStrings | None
+    seed: int
+    note: str | None = None
+
+    def stream(self, method: Method) -> TokenStream:
+        """`method`'s token stream for this plan, sampling from a generator seeded with `seed`."""
+        generator = torch.Generator().manual_seed(self.seed)
+        return method.stream(self.ids, self.max_new_tokens, self.sampling, generator, self.min_new_tokens, self.stops)
 
 
 class Generation:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 
-def encode_prompt(tokenizer, text: str, chat: bool = False) -> torch.Tensor:
-    """Token ids [P] for a prompt; with chat=True the text is one user turn plus the generation prompt."""
+def encode_prompt(tokenizer, text: str | list[dict], chat: bool = False) -> torch.Tensor:
+    """Token ids [P] for a prompt; with chat=True the text is one user turn plus the generation prompt
+    (or `text` is the conversation: a list of {"role", "content"} messages, as the OpenAI API sends it)."""
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("this tokenizer has no chat template; drop --chat (chat=True)")
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
         ids = tokenizer(text)["input_ids"]

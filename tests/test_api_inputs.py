@@ -75,10 +75,10 @@ def test_chat_is_true_or_false(engine, nothing_built, chat):
             call()
 
 
-def test_chat_messages_are_named_in_the_error(engine, nothing_built):
-    with pytest.raises(ValueError, match=re.escape("give that text as a string, not token ids or messages: got "
-                                                   "[{'role': 'user', 'content': 'hi'}]")):
-        engine.generate([{"role": "user", "content": "hi"}], "spec:int8", chat=True)
+def test_malformed_chat_messages_are_named_in_the_error(engine, nothing_built):
+    with pytest.raises(ValueError, match=re.escape("messages in the chat template; got "
+                                                   "[{'role': 'user', 'text': 'hi'}]")):
+        engine.generate([{"role": "user", "text": "hi"}], "spec:int8", chat=True)
 
 
 def test_prompts_and_stops_are_checked_before_any_method_is_built(engine, nothing_built):

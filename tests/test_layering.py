@@ -33,6 +33,7 @@ LAYERS = [
     ("runtime.decode", "runtime.speculative", "runtime.tree_speculative", "runtime.mjsd"),
     ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),
     ("runtime.api",),
+    ("runtime.serve",),
     ("runtime.cli", "runtime.__main__"),
 ]
 

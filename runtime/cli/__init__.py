@@ -177,9 +177,10 @@ def main() -> None:
     runtime bench art/g270 --prompts humaneval --methods ar,csv:screen,csv:cluster
     runtime bench-verify art/g270 --head csv
     runtime inspect art/g270
+    runtime serve art/g270 --port 8000
     """
 
 
-from runtime.cli import bench, generate, inspect_command  # noqa: E402,F401  (the commands register on `main`)
+from runtime.cli import bench, generate, inspect_command, serve  # noqa: E402,F401  (the commands register on `main`)
 
 __all__ = ["OneLineGroup", "check_min_response", "clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]

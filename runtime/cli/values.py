@@ -221,6 +221,22 @@ class MethodList(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class MethodName(click.ParamType):
+    """One method name of runtime.methods' grammar, parsed: the value is a MethodSpec."""
+
+    name = "method"
+
+    def convert(self, value, param, ctx):
+        from runtime.methods import MethodSpec, parse_method
+
+        if isinstance(value, MethodSpec):
+            return value
+        try:
+            return parse_method(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 class OutputFile(click.ParamType):
     """A file path the command will write (with `siblings`: the same stem with those suffixes too),
     checked writable now, before any work: nothing is created or changed by the check."""
@@ -329,3 +345,4 @@ SEED = Integer(0, MAX_SEED)
 COUNT = Integer(1)  # a number of things (tokens, prompts, repeats): at least 1
 THREADS = Integer(1, usable_cores(), hint=" (the cores this process may use)")
 NON_NEGATIVE = Integer(0)
+METHOD = MethodName()
