@@ -241,3 +241,29 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
         raise click.ClickException(f"{artifact} has no stage drafter; run: prep train-drafter {artifact} --features FEATURES")
     written = export_drafter(art, out, force)
     click.echo(f"wrote {written}: an EAGLE-3 head for {art.model.name}")
+
+
+@main.command("responses")
+@click.argument("artifact")
+@click.option("--source", type=click.Choice(["sharegpt", "pystdlib"]), default="sharegpt", show_default=True,
+              help="ShareGPT train-split first turns (chat template), or openings of the standard library's source.")
+@click.option("-n", "--prompts", "count", type=COUNT, default=100, show_default=True, help="How many prompts.")
+@click.option("--max-new-tokens", type=COUNT, default=128, show_default=True)
+@click.option("-o", "--out", required=True, help="JSON corpus file to write ([{\"text\": ...}]), for prep traces --corpus.")
+@click.option("--force", is_flag=True, help="Replace an existing file at -o.")
+@clean_errors
+def responses_command(artifact: str, source: str, count: int, max_new_tokens: int, out: str, force: bool) -> None:
+    """Write the target's own greedy responses to training prompts: self-distillation text for the draft head.
+
+    \b
+    prep responses art/g270 --source sharegpt -n 200 -o features/g270-responses.json
+    prep traces gemma3-270m --corpus features/g270-responses.json --features -o features/g270-self
+    """
+    from prep.responses import write_responses
+    from runtime import api
+
+    if Path(out).exists() and not force:
+        raise click.ClickException(f"{out} exists; choose another -o, or pass --force to replace it")
+    engine = api.load(artifact)
+    tokens = write_responses(engine, source, count, max_new_tokens, out)
+    click.echo(f"wrote {out}: {count} texts, {tokens} tokens of {engine.session.model.info.name}'s own text")

@@ -1,0 +1,48 @@
+"""`prep responses`: the target's own greedy responses to training prompts, as a corpus file for prep traces.
+
+Self-distillation data for the draft head: at run time the head drafts the target's own text, so it
+learns best from text the target wrote. Prompts are ShareGPT first turns of the train split
+(through the chat template where the model has one; bench prompts come from the held-out split) and openings of the Python
+standard library's source (code that is not HumanEval, which stays held out). Each response is
+decoded with the artifact's default method, whose greedy tokens are the target's own. The file is
+a JSON list of {"text": prompt text + response}, written atomically once every prompt is done.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import islice
+from pathlib import Path
+
+from tqdm import tqdm
+
+from artifacts.atomic import atomic_write_bytes
+from prep.traces import CODE_CORPUS, stdlib_texts
+from runtime.data import sharegpt_prompts
+
+CODE_PROMPT_CHARS = 600  # a source file's opening: imports, a docstring, the first definitions
+SOURCES = ("sharegpt", CODE_CORPUS)
+
+
+def training_prompts(source: str, count: int) -> list[tuple[str, bool]]:
+    """(prompt, through the chat template?) pairs: ShareGPT's train split, or the standard library's openings."""
+    if source == "sharegpt":
+        return [(text, True) for text in sharegpt_prompts(count, split="train")]
+    if source == CODE_CORPUS:
+        return [(text[:CODE_PROMPT_CHARS], False) for text in islice(stdlib_texts(), count)]
+    raise ValueError(f"unknown prompt source {source!r}: use {' or '.join(SOURCES)}")
+
+
+def write_responses(engine, source: str, count: int, max_new_tokens: int, out: str | Path) -> int:
+    """Decode `count` prompts of `source` greedily and write the corpus file; returns its token count."""
+    prompts = training_prompts(source, count)
+    templated = bool(getattr(engine.tokenizer, "chat_template", None))  # a base model (gemma3-270m) has none
+    texts, tokens = [], 0
+    for prompt, chat in tqdm(prompts, desc="responses", unit="prompt", file=sys.stderr):
+        ids = engine.encode(prompt, chat and templated)
+        generation = engine.generate(ids.tolist(), max_new_tokens=max_new_tokens).wait()
+        texts.append({"text": engine.tokenizer.decode(ids.tolist() + generation.tokens, skip_special_tokens=False)})
+        tokens += ids.numel() + len(generation.tokens)
+    atomic_write_bytes(Path(out), (json.dumps(texts, ensure_ascii=False) + "\n").encode())
+    return tokens
