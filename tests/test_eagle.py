@@ -93,7 +93,8 @@ def test_kernel_head_matches_the_training_module(trained):
     torch.testing.assert_close(second, reference[1][-1:], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive"])
+@pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive",
+                                    "spec:eagle:lookup:gamma=4", "spec:eagle:frspec=24:lookup+csv"])
 def test_eagle_greedy_equals_plain_decoding(trained, method):
     session, _, _ = trained
     target, head = session.target, FullHead(session.target.head_weight, session.target.head_bias)
@@ -203,3 +204,18 @@ def test_sampled_eagle_follows_the_target_distribution(trained):
         wanted[wanted.argmax()] += wanted[-1]
         observed, wanted = observed[:-1], wanted[:-1]
     assert chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("text, fix", [("eagle:frspec=0", "frspec=N"), ("eagle:lookup:lookup", "at most once"),
+                                       ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once")])
+def test_eagle_arguments_are_refused_in_one_line(text, fix):
+    from runtime.drafters import parse_drafter
+
+    with pytest.raises(ValueError, match=fix):
+        parse_drafter(text)
+
+
+def test_eagle_arguments_have_one_spelling():
+    from runtime.drafters import parse_drafter
+
+    assert parse_drafter("eagle:lookup:frspec=0016") == ("eagle", ("frspec=16", "lookup"))

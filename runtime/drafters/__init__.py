@@ -172,7 +172,8 @@ for _name, _help in (("dynaspec", "dynaspec:layers:N|int8[:k=K][:schedule=fixed|
 register_drafter(DrafterEntry("onedecode", parse_onedecode, build_onedecode, ONEDECODE_HELP, head="none"))
 register_drafter(DrafterEntry(
     "eagle", parse_eagle, lambda c, a: build_eagle(c.target, c.artifact, a),
-    "eagle[:frspec=N] (the trained EAGLE-3 head of stage drafter, on the target's own features)", head="none"))
+    "eagle[:frspec=N][:lookup] (the trained EAGLE-3 head of stage drafter, on the target's own features; "
+    "lookup: prompt lookup first)", head="none"))
 
 
 __all__ = [

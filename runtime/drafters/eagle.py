@@ -23,6 +23,7 @@ from gguf.quants import quantize
 
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.eagle_head import EagleConfig, EagleHead, apply_rotary, rotary
+from runtime.drafters.lookup import LookupDrafter
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
@@ -137,9 +138,11 @@ class KernelHead:
 class EagleDrafter:
     """Drafts a chain per round from the target's tapped features (runtime.backends.base.KVCache.tap)."""
 
-    def __init__(self, target, head: EagleHead, shortlist: torch.Tensor | None = None) -> None:
+    def __init__(self, target, head: EagleHead, shortlist: torch.Tensor | None = None,
+                 lookup: LookupDrafter | None = None) -> None:
         self.target = target
         self.head = KernelHead(head, shortlist)
+        self.lookup = lookup  # drafts first where it finds a match
         self.layers = head.config.feature_layers
         self.cache = None  # the target's KV cache, whose taps hold the features
         self.fed = 0  # verified positions the head's cache holds (its rows 0..fed-1)
@@ -154,11 +157,17 @@ class EagleDrafter:
               ban: TokenBan = NO_BAN) -> None:
         self.head.crop(0)
         self.fed, self.out = 0, None
+        if self.lookup is not None:
+            self.lookup.reset(prompt, params, generator, ban)
 
     def propose(self, context: list[int], k: int) -> Proposal:
         verified = len(context) - 1  # the target cache holds features of context[:-1]
         if k <= 0 or self.cache is None or verified < 1:
             return empty_proposal()
+        if self.lookup is not None:
+            found = self.lookup.propose(context, k)
+            if found.tokens.numel():
+                return found  # the head catches up on these positions next time it drafts
         if self.fed < verified:  # catch up: row t reads the features at t and the token t + 1
             rows = slice(self.fed, verified)
             features = self.cache.features[rows]  # [n, 3d]
@@ -175,17 +184,27 @@ class EagleDrafter:
         return Proposal(torch.tensor(drafts, dtype=torch.long))
 
     def observe(self, verdict: Verdict) -> None:
-        """Nothing to learn: the next propose catches up on the verified positions."""
+        """The head learns nothing (the next propose catches up on the verified positions); lookup follows the text."""
+        if self.lookup is not None:
+            self.lookup.observe(verdict)
+
+
+EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096 or eagle:lookup"
 
 
 def parse_eagle(args: list[str]) -> tuple[str, ...]:
-    """eagle[:frspec=N]: N >= 1 keeps the head's N most chosen draft-vocabulary rows."""
-    if not args:
-        return ()
-    option, _, value = args[0].partition("=")
-    if len(args) > 1 or option != "frspec" or not value.isdigit() or int(value) < 1:
-        raise ValueError(f"eagle takes at most frspec=N (N >= 1), not {':'.join(args)!r}; e.g. eagle or eagle:frspec=4096")
-    return (f"frspec={int(value)}",)
+    """eagle[:frspec=N][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen draft-vocabulary rows;
+    lookup drafts by prompt lookup first. Canonical order: frspec, then lookup."""
+    frspec, lookup = None, False
+    for arg in args:
+        option, _, value = arg.partition("=")
+        if option == "frspec" and frspec is None and value.isdigit() and int(value) >= 1:
+            frspec = f"frspec={int(value)}"
+        elif arg == "lookup" and not lookup:
+            lookup = True
+        else:
+            raise ValueError(f"eagle takes frspec=N (N >= 1) and lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
+    return tuple(a for a in (frspec, "lookup" if lookup else None) if a)
 
 
 def build_eagle(target, artifact, args: tuple[str, ...]) -> EagleDrafter:
@@ -200,10 +219,11 @@ def build_eagle(target, artifact, args: tuple[str, ...]) -> EagleDrafter:
     tensors = artifact.read_stage(Stage.DRAFTER)
     head = head_from_stage(tensors, EagleConfig.from_params(artifact.stage_params(Stage.DRAFTER)))
     shortlist = None
-    if args:
-        size = int(args[0].removeprefix("frspec="))
-        if size > head.config.draft_vocab:
-            raise ValueError(f"eagle:frspec={size} exceeds the head's draft vocabulary of {head.config.draft_vocab}; "
-                             f"give N <= {head.config.draft_vocab}")
-        shortlist = tensors["draft_order"][:size].sort().values  # FR-Spec: the most chosen rows
-    return EagleDrafter(target, head, shortlist)
+    for arg in args:
+        if arg.startswith("frspec="):
+            size = int(arg.removeprefix("frspec="))
+            if size > head.config.draft_vocab:
+                raise ValueError(f"eagle:frspec={size} exceeds the head's draft vocabulary of {head.config.draft_vocab}; "
+                                 f"give N <= {head.config.draft_vocab}")
+            shortlist = tensors["draft_order"][:size].sort().values  # FR-Spec: the most chosen rows
+    return EagleDrafter(target, head, shortlist, LookupDrafter() if "lookup" in args else None)
