@@ -118,13 +118,18 @@ def _check_path(name: str, value, what: str) -> None:
         raise TypeError(f"{name} is {what}, a non-empty str or Path; got {value!r:.80}")
 
 
-def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True) -> "Engine":
-    """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`."""
+def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True,
+         chat: bool = False) -> "Engine":
+    """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`.
+
+    chat: prompts will be wrapped in the chat template, so a model without one is refused before it loads.
+    """
     _check_path("artifact", artifact, "the path of an artifact directory")
     if model is not None:
         _check_path("model", model, "a packaged name, a model directory or a .gguf path (None: the artifact's own)")
     require(isinstance(progress, bool), "progress", "True or False", progress)
-    return Engine(open_session(artifact, model, progress=progress, backend=backend))
+    require(isinstance(chat, bool), "chat", "True or False", chat)
+    return Engine(open_session(artifact, model, progress=progress, backend=backend, chat=chat))
 
 
 class Engine:

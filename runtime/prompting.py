@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from runtime.models.tokenizer import NO_CHAT_TEMPLATE
+
 
 def encode_prompt(tokenizer, text: str, chat: bool = False) -> torch.Tensor:
     """Token ids [P] for a prompt; with chat=True the text is one user turn plus the generation prompt."""
     if chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this tokenizer has no chat template; drop --chat (chat=True)")
+            raise ValueError(f"this tokenizer {NO_CHAT_TEMPLATE}")
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )

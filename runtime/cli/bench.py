@@ -64,7 +64,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     if len(texts) < num_prompts:
         click.echo(f"note: {prompt_source} holds {len(texts)} prompts, fewer than -n {num_prompts}; running those",
                    err=True)
-    engine = api.load(artifact, model, backend=backend)
+    engine = api.load(artifact, model, backend=backend, chat=chat)
     record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
