@@ -296,7 +296,7 @@ class Engine:
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
-                "energy_counters": meter.description, **_llamacpp_build(specs), **provenance(),
+                "energy_counters": meter.description, **_llamacpp_builds(built), **provenance(),
             },
             "methods": summarize(results, sampling),
         }
@@ -319,13 +319,19 @@ def _token_ids(prompt) -> torch.Tensor:
     return ids.long().flatten()
 
 
-def _llamacpp_build(specs: Sequence[MethodSpec]) -> dict:
-    """{"llamacpp_build": version and instruction sets} when llama.cpp is among the methods, else {}."""
-    if not any(spec.name == "llamacpp" for spec in specs):
-        return {}
-    from runtime.llamacpp import build_info
+def _llamacpp_builds(built: Sequence[Method]) -> dict:
+    """The llama.cpp builds among the methods, each as version and instruction sets: "llamacpp_build"
+    (llama-cpp-python's, for llamacpp and llamacpp:lookup) and "llamacpp_bin_build" (llama-server's)."""
+    from runtime.llamacpp import LlamaCppDecoder, build_info
+    from runtime.llamacpp_server import LlamaServerDecoder
 
-    return {"llamacpp_build": build_info()}
+    builds = {}
+    for method in built:
+        if isinstance(method.stream, LlamaCppDecoder):
+            builds["llamacpp_build"] = build_info()
+        elif isinstance(method.stream, LlamaServerDecoder):
+            builds["llamacpp_bin_build"] = method.stream.build
+    return builds
 
 
 def peak_rss_mib() -> float:

@@ -31,7 +31,8 @@ LAYERS = [
      "runtime.trees", "runtime.verify_tree"),
     ("runtime.drafters", "runtime.session"),
     ("runtime.decode", "runtime.speculative", "runtime.tree_speculative", "runtime.mjsd"),
-    ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),
+    ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp",
+     "runtime.llamacpp_server"),
     ("runtime.api",),
     ("runtime.cli", "runtime.__main__"),
 ]
