@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from runtime.bench import provenance
-from runtime.bench.summary import headline_row, summary_markdown
+from runtime.bench.summary import headline_row, reference_line, summary_markdown
 from runtime.cli import main as runtime_main
 
 
@@ -65,6 +65,15 @@ def test_ratios_are_against_the_faster_of_the_wrapper_and_the_binary(tmp_path: P
     path.write_text(json.dumps(rec))
     assert "llama-server 7000 (abc) (SSE3 AVX2)" in summary_markdown([path])
     assert headline_row(record())["llamacpp_as"] == "`llamacpp`"  # the wrapper alone
+
+
+def test_bench_prints_the_headline_against_the_faster_llamacpp_row():
+    rec = record()
+    rec["methods"].append(row("llamacpp:bin", 18.0, preserving=False, identical=0.75))
+    assert reference_line(rec) == ("against llama.cpp, `llamacpp:bin` (`llamacpp` 16.0) 18.0 tok/s: native `ar` 1.11x, "
+                                   "best exact `spec:lookup+csv` 36.0 2.00x")
+    rec["methods"] = [r for r in rec["methods"] if not r["method"].startswith("llamacpp")]
+    assert reference_line(rec) is None  # no llama.cpp row: nothing to say
 
 
 def test_a_rate_of_zero_is_a_run_without_a_decode_step():

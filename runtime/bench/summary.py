@@ -137,6 +137,20 @@ def headline_row(record: dict) -> dict:
     }
 
 
+def reference_line(record: dict) -> str | None:
+    """The headline in one line, for `runtime bench`'s output: llama.cpp's faster plain row and the ratios
+    against it; None when no plain llama.cpp row ran."""
+    cells = headline_row(record)
+    if cells["llamacpp"] is None:
+        return None
+
+    def times(ratio: float | None) -> str:
+        return "n/a (no decode step)" if ratio is None else f"{ratio:.2f}x"
+
+    return (f"against llama.cpp, {cells['llamacpp_as']} {cells['llamacpp']:.1f} tok/s: native `ar` {times(cells['ar_vs_llamacpp'])}"
+            + (f", best exact {cells['best']} {times(cells['best_vs_llamacpp'])}" if cells["best"] else ""))
+
+
 def _plain_cell(faster: dict, plain: list[dict]) -> str:
     """'`llamacpp:bin` (`llamacpp` 55.1)': the row the ratios are against, and the other plain row's rate."""
     other = [f"`{row['method']}` {row['tokens_per_s']:.1f}" for row in plain if row is not faster]

@@ -53,6 +53,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     """
     from runtime import api
     from runtime.bench.report import markdown_table, write_reports
+    from runtime.bench.summary import reference_line
     from runtime.data import load_prompts
 
     # Every cheap check before the model loads (the options' types did the rest).
@@ -69,7 +70,9 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
     click.echo(f"peak RSS {record['setup']['peak_rss_mib']:.0f} MiB (the process, all methods)", err=True)
-    paths = values.print_and_write(markdown_table(record["methods"]), lambda: write_reports(record, json_path), "--json")
+    headline = reference_line(record)
+    table = markdown_table(record["methods"]) + (f"\n\n{headline}" if headline else "")
+    paths = values.print_and_write(table, lambda: write_reports(record, json_path), "--json")
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
 
