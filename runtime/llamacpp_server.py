@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -38,6 +39,9 @@ BIN_ENV = "SPECVOCAB_LLAMACPP_BIN"
 SERVER = "llama-server"
 MISSING = (f"method llamacpp:bin runs llama.cpp's own {SERVER}: build it (docs/llamacpp-reference.md), then set "
            f"{BIN_ENV}=/path/to/{SERVER} or put it on PATH")
+# llama.cpp's llama_print_system_info(), the line llama-cpp-python's build_info reads too.
+_SYSTEM_INFO = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.llama_print_system_info.restype = ctypes.c_char_p; "
+                "print(lib.llama_print_system_info().decode(errors='replace'))")
 START_SECONDS = 300  # loading a GGUF on a busy 2-core machine; a server not up by then is refused
 REQUEST_SECONDS = 3600
 
@@ -125,14 +129,17 @@ class LlamaServerDecoder:
         raise LlamaCppUnavailable(f"{SERVER} did not load {gguf_path} in {START_SECONDS} s; leave llamacpp:bin out of --methods")
 
     def _build_line(self, binary: Path) -> str:
-        """'llama-server version: 1 (abc123): CPU : SSE3 = 1 | AVX2 = 1 | ...': its version and the
-        instruction sets it runs with (the bench records it beside the tok/s)."""
-        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-        version = next((line.split(":", 1)[1].strip() for line in (done.stdout + done.stderr).splitlines()
-                        if line.startswith("version:")), "unknown version")
-        info = next((line for line in self.log.read_text(errors="replace").splitlines() if "system_info:" in line), "")
-        features = info[info.index("CPU :"):] if "CPU :" in info else "instruction sets not logged"
-        return f"{SERVER} {version.replace(':', ' ')}: {features}"
+        """'llama-server b1-0c1e570: CPU : SSE3 = 1 | AVX2 = 1 | ...': the server's build and the instruction
+        sets of the libllama beside it (the bench records it beside the tok/s)."""
+        with urllib.request.urlopen(f"{self.url}/props", timeout=60) as reply:
+            version = json.load(reply).get("build_info") or "unknown build"
+        library = binary.resolve().parent / "libllama.so"
+        features = "instruction sets not known (no libllama.so beside it)"
+        if library.is_file():  # in a child: never a second libllama in this process beside llama-cpp-python's
+            done = subprocess.run([sys.executable, "-c", _SYSTEM_INFO, str(library)], capture_output=True, text=True,
+                                  timeout=60)
+            features = done.stdout.strip() if done.returncode == 0 else f"instruction sets not known ({library} did not load)"
+        return f"{SERVER} {version}: {features}"
 
     def _complete(self, body: dict) -> dict:
         """One /completion request; the server's JSON reply, or its error message in one line."""
@@ -147,13 +154,24 @@ class LlamaServerDecoder:
         except (urllib.error.URLError, ConnectionError) as exc:
             raise LlamaCppUnavailable(f"{SERVER} stopped answering ({_last_line(self.log)}; {exc})") from None
 
+    def _guarded(self, body: dict, ids: list[int], guard: int) -> list[dict]:
+        """The replies of a run with EOS banned from its first `guard` tokens: those tokens, then the rest on
+        top of the server's cache of them (it re-reads the few tokens its sliding-window cache no longer holds,
+        in the second reply's prompt time: such a run's decode time is a little long)."""
+        ban = [[token, False] for token in sorted(self.eos_token_ids)]
+        first = self._complete({**body, "prompt": ids, "n_predict": guard, "logit_bias": ban})
+        rest = body["n_predict"] - len(first["tokens"])
+        if rest <= 0 or first["stop_type"] == "word":
+            return [first]
+        return [first, self._complete({**body, "prompt": ids + first["tokens"], "n_predict": rest, "cache_prompt": True})]
+
     def __call__(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator=None,
                  min_new_tokens: int = 0, stop=None) -> TokenStream:
         """Decode up to max_new_tokens after prompt [P]: a token stream (runtime.decode) with the server's
         own timing. The tokens come when the request is done (the timing is the server's, not the stream's).
 
-        min_new_tokens (the EOS guard): a first request bans EOS for that many tokens, a second one goes on
-        from the server's cache of the first, so the guarded tokens decode as one run would.
+        min_new_tokens (the EOS guard): llama.cpp has none, so a run that put EOS among that many first tokens
+        is redone with the guard (_guarded); greedy, any other run is already what the guard gives.
         """
         greedy = params.greedy
         body = {"n_predict": max_new_tokens, "temperature": 0.0 if greedy else params.temperature,
@@ -161,20 +179,13 @@ class LlamaServerDecoder:
                 "repeat_penalty": 1.0,  # llama.cpp seeds are 32-bit; 0xFFFFFFFF asks it for a random one
                 "seed": (generator.initial_seed() if generator is not None else 0) % 0xFFFFFFFF,
                 "stop": list(stop.stops) if stop is not None else [], "cache_prompt": False, "return_tokens": True}
-        ids = prompt.tolist()
-        replies = []
-        if min_new_tokens:
-            ban = [[token, False] for token in sorted(self.eos_token_ids)]
-            replies.append(self._complete({**body, "prompt": ids, "n_predict": min(min_new_tokens, max_new_tokens),
-                                           "logit_bias": ban}))
-            ids = ids + replies[0]["tokens"]
-            body = {**body, "n_predict": max_new_tokens - len(replies[0]["tokens"]), "cache_prompt": True}
-        if body["n_predict"] > 0 and not (replies and replies[0]["stop_type"] == "word"):
-            replies.append(self._complete({**body, "prompt": ids}))
+        replies = [self._complete({**body, "prompt": prompt.tolist()})]
+        if any(token in self.eos_token_ids for token in replies[0]["tokens"][:min_new_tokens]):
+            replies = self._guarded(body, prompt.tolist(), min(min_new_tokens, max_new_tokens))
         tokens = [int(token) for reply in replies for token in reply["tokens"]]
         yield from tokens
         timings = [reply["timings"] for reply in replies]
-        prefill = timings[0]["prompt_ms"] / 1e3  # the first token's prefill; a second request's is a decode step
+        prefill = timings[0]["prompt_ms"] / 1e3  # the first token's; a guarded run's second prompt counts as decoding
         decode = (sum(t["predicted_ms"] for t in timings) + sum(t["prompt_ms"] for t in timings[1:])) / 1e3
         stats = DecodeStats(prompt_tokens=prompt.numel(), new_tokens=len(tokens), forwards=len(tokens),
                             seconds_prefill=prefill, seconds_total=prefill + decode)

@@ -1,6 +1,6 @@
 """A stand-in for llama.cpp's llama-server (tests/test_llamacpp_server.py): its flags, log lines and API.
 
-It answers --version, logs a system_info line, serves /health and /completion on --port, and appends
+It serves /health, /props and /completion on --port, and appends
 every /completion body to FAKE_LLAMA_REQUESTS (JSON lines). Tokens are made up: prompt[-1] + 1, + 2, ...
 (mod 100); prefill takes 10 ms and each further token 2 ms, as the reply's timings say.
 FAKE_LLAMA_FAIL: print it and exit 1 instead of serving (a model the server cannot load).
@@ -29,7 +29,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        self._reply(200, {"status": "ok"})
+        self._reply(200, {"build_info": "b4242-fake123"} if self.path == "/props" else {"status": "ok"})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -47,14 +47,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str]) -> None:
-    if "--version" in argv:
-        print("version: 4242 (fake123)\nbuilt with cc for x86_64", file=sys.stderr)
-        return
     if os.environ.get("FAKE_LLAMA_FAIL"):
         print(f"main: {os.environ['FAKE_LLAMA_FAIL']}", file=sys.stderr)
         sys.exit(1)
     args = dict(zip(argv[::2], argv[1::2]))
-    print(f"system_info: n_threads = {args['-t']} | CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 |", file=sys.stderr, flush=True)
     HTTPServer((args["--host"], int(args["--port"])), Handler).serve_forever()
 
 

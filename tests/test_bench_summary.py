@@ -51,7 +51,7 @@ def test_llamacpps_fastest_variant_gets_its_own_columns(tmp_path: Path):
 @pytest.mark.parametrize("binary, faster", [(18.0, "llamacpp:bin"), (15.0, "llamacpp")])
 def test_ratios_are_against_the_faster_of_the_wrapper_and_the_binary(tmp_path: Path, binary: float, faster: str):
     """llama.cpp's own binary and llama-cpp-python's loop both ran: the headline is against the faster, naming both."""
-    rec = record(llamacpp_bin_build="llama-server 7000 (abc): CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 |")
+    rec = record(llamacpp_bin_build="llama-server b1-0c1e570: CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 |")
     rec["methods"].append(row("llamacpp:bin", binary, preserving=False, identical=0.75))
     cells = headline_row(rec)
     fast = max(binary, 16.0)
@@ -63,7 +63,7 @@ def test_ratios_are_against_the_faster_of_the_wrapper_and_the_binary(tmp_path: P
     assert cells["llamacpp_fastest"] is None  # two plain runs are not a variant
     path = tmp_path / "r.json"
     path.write_text(json.dumps(rec))
-    assert "llama-server 7000 (abc) (SSE3 AVX2)" in summary_markdown([path])
+    assert "llama-server b1-0c1e570 (SSE3 AVX2)" in summary_markdown([path])
     assert headline_row(record())["llamacpp_as"] == "`llamacpp`"  # the wrapper alone
 
 

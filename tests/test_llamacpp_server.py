@@ -60,7 +60,7 @@ def test_a_missing_binary_is_one_line_naming_the_variable(tmp_path: Path, monkey
 
 def test_greedy_decoding_sends_the_prompt_ids_and_reports_the_servers_timing(fake_server: Path, tmp_path: Path):
     decoder = LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=1)
-    assert decoder.build == "llama-server 4242 (fake123): CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 |"
+    assert decoder.build == "llama-server b4242-fake123: instruction sets not known (no libllama.so beside it)"
     tokens, stats = _drive(decoder(torch.tensor([5, 6, 7]), 6, SamplingParams(), torch.Generator().manual_seed(3)))
     assert tokens == [8, 9, 10, 11, 12, 13]
     assert stats.new_tokens == 6 and stats.seconds_prefill == pytest.approx(0.010)
@@ -70,15 +70,24 @@ def test_greedy_decoding_sends_the_prompt_ids_and_reports_the_servers_timing(fak
     assert body["top_k"] == 1 and body["temperature"] == 0.0 and body["cache_prompt"] is False and body["return_tokens"]
 
 
-def test_the_eos_guard_bans_eos_then_goes_on_from_the_cache(fake_server: Path, tmp_path: Path):
+def test_a_libllama_that_does_not_load_leaves_the_instruction_sets_unknown(fake_server: Path, tmp_path: Path):
+    (fake_server.parent / "libllama.so").write_bytes(b"not a library")
     decoder = LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=1)
-    tokens, stats = _drive(decoder(torch.tensor([5, 6]), 6, SamplingParams(), None, min_new_tokens=2))
-    first, second = requests(tmp_path)
-    assert first["n_predict"] == 2 and first["logit_bias"] == [[1, False]] and first["cache_prompt"] is False
-    assert second["prompt"] == [5, 6, 7, 8] and second["n_predict"] == 4 and second["cache_prompt"] is True
+    assert decoder.build.startswith("llama-server b4242-fake123: instruction sets not known (") and "did not load" in decoder.build
+
+
+def test_the_eos_guard_redoes_only_a_run_that_put_eos_early(fake_server: Path, tmp_path: Path):
+    decoder = LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=1)
+    tokens, _ = _drive(decoder(torch.tensor([5, 6]), 6, SamplingParams(), None, min_new_tokens=2))
+    assert tokens == [7, 8, 9, 10, 11, 12] and len(requests(tmp_path)) == 1  # no EOS in the first two: as it was
+    # the fake counts on from the last prompt id: 0, then EOS (1) second, inside the guard
+    tokens, stats = _drive(decoder(torch.tensor([5, 99]), 6, SamplingParams(), None, min_new_tokens=2))
+    plain, first, second = requests(tmp_path)[1:]
+    assert "logit_bias" not in plain and first["n_predict"] == 2 and first["logit_bias"] == [[1, False]]
+    assert second["prompt"] == [5, 99, 0, 1] and second["n_predict"] == 4 and second["cache_prompt"] is True
     assert "logit_bias" not in second
-    assert tokens == [7, 8, 9, 10, 11, 12] and stats.new_tokens == 6
-    # first token from the first prefill; then 1 + 3 steps of the two requests and the second's one-token prompt
+    assert tokens == [0, 1, 2, 3, 4, 5] and stats.new_tokens == 6
+    # first token from the first prefill; then 1 + 3 steps of the two requests and the second's prompt
     assert stats.seconds_prefill == pytest.approx(0.010) and stats.seconds_decode == pytest.approx(0.002 + 0.010 + 0.006)
 
 
@@ -118,7 +127,7 @@ def test_bench_runs_the_binary_beside_ar_and_records_its_build(fake_server: Path
     row = next(r for r in record["methods"] if r["method"] == "llamacpp:bin")
     assert row["tokens_per_s"] == pytest.approx(500.0) and row["new_tokens"] == 8
     assert row["identical_to_greedy"] is None and row["identical_to_ar"] in (0.0, 0.5, 1.0)
-    assert record["setup"]["llamacpp_bin_build"].startswith("llama-server 4242 (fake123): CPU :")
+    assert record["setup"]["llamacpp_bin_build"].startswith("llama-server b4242-fake123: ")
     assert "llamacpp_build" not in record["setup"]  # llama-cpp-python was not run
 
 
