@@ -118,13 +118,18 @@ def _check_path(name: str, value, what: str) -> None:
         raise TypeError(f"{name} is {what}, a non-empty str or Path; got {value!r:.80}")
 
 
-def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True) -> "Engine":
-    """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`."""
+def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True,
+         chat: bool = False) -> "Engine":
+    """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`.
+
+    chat: prompts will be wrapped in the chat template, so a model without one is refused before it loads.
+    """
     _check_path("artifact", artifact, "the path of an artifact directory")
     if model is not None:
         _check_path("model", model, "a packaged name, a model directory or a .gguf path (None: the artifact's own)")
     require(isinstance(progress, bool), "progress", "True or False", progress)
-    return Engine(open_session(artifact, model, progress=progress, backend=backend))
+    require(isinstance(chat, bool), "chat", "True or False", chat)
+    return Engine(open_session(artifact, model, progress=progress, backend=backend, chat=chat))
 
 
 class Engine:
@@ -308,7 +313,7 @@ class Engine:
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
-                "energy_counters": meter.description, **_llamacpp_build(specs), **provenance(),
+                "energy_counters": meter.description, **_llamacpp_builds(built), **provenance(),
             },
             "methods": summarize(results, sampling),
         }
@@ -345,13 +350,19 @@ def _token_ids(prompt) -> torch.Tensor:
     return ids.long().flatten()
 
 
-def _llamacpp_build(specs: Sequence[MethodSpec]) -> dict:
-    """{"llamacpp_build": version and instruction sets} when llama.cpp is among the methods, else {}."""
-    if not any(spec.name == "llamacpp" for spec in specs):
-        return {}
-    from runtime.llamacpp import build_info
+def _llamacpp_builds(built: Sequence[Method]) -> dict:
+    """The llama.cpp builds among the methods, each as version and instruction sets: "llamacpp_build"
+    (llama-cpp-python's, for llamacpp and llamacpp:lookup) and "llamacpp_bin_build" (llama-server's)."""
+    from runtime.llamacpp import LlamaCppDecoder, build_info
+    from runtime.llamacpp_server import LlamaServerDecoder
 
-    return {"llamacpp_build": build_info()}
+    builds = {}
+    for method in built:
+        if isinstance(method.stream, LlamaCppDecoder):
+            builds["llamacpp_build"] = build_info()
+        elif isinstance(method.stream, LlamaServerDecoder):
+            builds["llamacpp_bin_build"] = method.stream.build
+    return builds
 
 
 def peak_rss_mib() -> float:

@@ -88,9 +88,13 @@ def autoregressive(session: Session, spec: MethodSpec) -> Streamer:
 
 def llamacpp(session: Session, spec: MethodSpec) -> Streamer:
     """llama.cpp's plain (llamacpp:lookup: prompt lookup) decoding of the session model's GGUF, with this
-    process's thread count."""
+    process's thread count; llamacpp:bin: by llama.cpp's own llama-server binary."""
     from runtime.llamacpp import LlamaCppDecoder
 
+    if spec.options == ("bin",):
+        from runtime.llamacpp_server import LlamaServerDecoder
+
+        return LlamaServerDecoder(session.model.gguf_path, session.target.eos_token_ids)
     lookup = int(spec.options[1]) if spec.options else None
     return LlamaCppDecoder(session.model.gguf_path, session.target.eos_token_ids, lookup_tokens=lookup)
 

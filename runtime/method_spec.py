@@ -42,7 +42,7 @@ class MethodSpec:
     cluster_budget: float = 0.25  # csv:cluster: largest fraction of the vocabulary opened before falling back
     adaptive_budget: bool = False  # csv:cluster: adapt that budget as CSV-Decode does
     text: str = ""  # the name as given (bench rows are keyed by it)
-    options: tuple[str, ...] = ()  # a method's own canonical arguments (swarm: K, nodes=N; mjsd: beam=M, tau=T; llamacpp: lookup, K)
+    options: tuple[str, ...] = ()  # a method's own canonical arguments (swarm: K, nodes=N; mjsd: beam=M, tau=T; llamacpp: lookup, K or bin)
 
     @property
     def certified(self) -> bool:

@@ -3,7 +3,8 @@
 Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtime.api` accept):
 
     ar | ar:BACKEND                                  plain decoding (ar:transformers: on transformers' forward)
-    llamacpp[:lookup[:K]]                            llama.cpp's plain (or prompt lookup) decoding of the same GGUF (a reference)
+    llamacpp[:lookup[:K]|:bin]                       llama.cpp's plain (or prompt lookup) decoding of the same GGUF (a
+                                                     reference); :bin: by llama.cpp's own llama-server binary
     csv | csv:screen | csv:screen4 | csv:cluster     the certified head (CSV-Decode and our screens)
     spec:DRAFTER[:gamma=G][:adaptive][:no-verifier][+csv[:screen|screen4|cluster]]
     dynaspec:... | frspec:...                        spec with that shortlisted drafter (same options)
@@ -260,23 +261,27 @@ LLAMACPP_LOOKUP_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding defa
 
 
 def _llamacpp(args: list[str], head: str | None) -> MethodSpec:
-    """llamacpp | llamacpp:lookup[:K]: llama.cpp's plain decoding, or llama-cpp-python's prompt lookup
-    decoding with K draft tokens per round."""
+    """llamacpp | llamacpp:lookup[:K] | llamacpp:bin: llama.cpp's plain decoding through llama-cpp-python,
+    its prompt lookup decoding with K draft tokens per round, or plain decoding by llama.cpp's own
+    llama-server binary."""
     _refuse_csv_suffix("llamacpp", head)
     if not args:
         return MethodSpec("llamacpp")
+    if args == ["bin"]:
+        return MethodSpec("llamacpp", options=("bin",))
     tokens = _count(1, 32)(args[1]) if len(args) == 2 else LLAMACPP_LOOKUP_TOKENS
     if args[0] != "lookup" or len(args) > 2 or tokens is None:
-        raise ValueError(f"method 'llamacpp' takes nothing or lookup[:K] (K draft tokens, 1..32), not "
-                         f"llamacpp:{':'.join(args)}; e.g. llamacpp or llamacpp:lookup:4")
+        raise ValueError(f"method 'llamacpp' takes nothing, lookup[:K] (K draft tokens, 1..32) or bin, not "
+                         f"llamacpp:{':'.join(args)}; e.g. llamacpp, llamacpp:lookup:4 or llamacpp:bin")
     return MethodSpec("llamacpp", options=("lookup", str(tokens)))
 
 
 # llama.cpp quantizes activations: its text is the model's only up to rounding, so it makes no identity claim.
 register_method(MethodEntry("llamacpp", _llamacpp, _builder("llamacpp"),
-                            "llamacpp[:lookup[:K]] (llama.cpp's plain decoding of the same GGUF: the reference users "
+                            "llamacpp[:lookup[:K]|:bin] (llama.cpp's plain decoding of the same GGUF: the reference users "
                             f"compare with; lookup: llama-cpp-python's prompt lookup decoding, K draft tokens "
-                            f"(default {LLAMACPP_LOOKUP_TOKENS}); needs the llamacpp extra)", distribution_preserving=False))
+                            f"(default {LLAMACPP_LOOKUP_TOKENS}); both need the llamacpp extra; bin: llama.cpp's own "
+                            "llama-server binary, from SPECVOCAB_LLAMACPP_BIN or PATH)", distribution_preserving=False))
 
 
 __all__ = ["HEADS", "METHODS", "NOT_PRESERVING", "DrafterSpec", "MethodEntry", "MethodSpec", "canonical", "check_distinct", "loop_options",

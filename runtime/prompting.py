@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from runtime.models.tokenizer import NO_CHAT_TEMPLATE
+
 
 def encode_prompt(tokenizer, text: str | list[dict], chat: bool = False) -> torch.Tensor:
     """Token ids [P] for a prompt; with chat=True the text is one user turn plus the generation prompt
     (or `text` is the conversation: a list of {"role", "content"} messages, as the OpenAI API sends it)."""
     if chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this tokenizer has no chat template; drop --chat (chat=True)")
+            raise ValueError(f"this tokenizer {NO_CHAT_TEMPLATE}")
         messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

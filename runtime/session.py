@@ -85,18 +85,19 @@ def model_spec_of(artifact: Artifact) -> str:
 
 
 def open_session(
-    artifact_path: str | Path, model: str | None = None, progress: bool = True, backend: str = "auto"
+    artifact_path: str | Path, model: str | None = None, progress: bool = True, backend: str = "auto", chat: bool = False
 ) -> Session:
     """Open ART, load its model (or `model`), and refuse a model whose fingerprint differs.
 
     backend: auto (native for a GGUF the native backend reads, else lean where supported, else
     transformers), native, lean or transformers (runtime.backends).
+    chat: refuse a model without a chat template before it loads (prompts will be wrapped in one).
     """
     artifact = Artifact.open(artifact_path)
     spec = model or model_spec_of(artifact)
     ModelLog.of(spec, progress)(f"loading for {artifact_path} ...")  # a few seconds with nothing else on the screen
     try:
-        loaded, target = load_target(spec, backend, progress=progress)
+        loaded, target = load_target(spec, backend, progress=progress, chat=chat)
     except ModelError as e:
         if model is not None:
             raise

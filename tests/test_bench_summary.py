@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from runtime.bench import provenance
-from runtime.bench.summary import SummaryError, headline_row, page_with_summary, summary_markdown
+from runtime.bench.summary import SummaryError, headline_row, page_with_summary, reference_line, summary_markdown
 from runtime.cli import main as runtime_main
 
 
@@ -46,6 +46,34 @@ def test_llamacpps_fastest_variant_gets_its_own_columns(tmp_path: Path):
     for path, rec in zip(paths, (plain, with_lookup)):
         path.write_text(json.dumps(rec))
     assert "llama.cpp's fastest" not in summary_markdown(paths[:1]) and "llama.cpp's fastest" in summary_markdown(paths)
+
+
+@pytest.mark.parametrize("binary, faster", [(18.0, "llamacpp:bin"), (15.0, "llamacpp")])
+def test_ratios_are_against_the_faster_of_the_wrapper_and_the_binary(tmp_path: Path, binary: float, faster: str):
+    """llama.cpp's own binary and llama-cpp-python's loop both ran: the headline is against the faster, naming both."""
+    rec = record(llamacpp_bin_build="llama-server b1-0c1e570: CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 |")
+    rec["methods"].append(row("llamacpp:bin", binary, preserving=False, identical=0.75))
+    cells = headline_row(rec)
+    fast = max(binary, 16.0)
+    assert cells["llamacpp"] == fast and cells["ar_vs_llamacpp"] == pytest.approx(20 / fast)
+    assert cells["best_vs_llamacpp"] == pytest.approx(36 / fast)
+    other = "`llamacpp` 16.0" if faster == "llamacpp:bin" else f"`llamacpp:bin` {binary:.1f}"
+    assert cells["llamacpp_as"] == f"`{faster}` ({other})"
+    assert cells["llamacpp_identical"] == (0.75 if faster == "llamacpp:bin" else 0.5)
+    assert cells["llamacpp_fastest"] is None  # two plain runs are not a variant
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    assert "llama-server b1-0c1e570 (SSE3 AVX2)" in summary_markdown([path])
+    assert headline_row(record())["llamacpp_as"] == "`llamacpp`"  # the wrapper alone
+
+
+def test_bench_prints_the_headline_against_the_faster_llamacpp_row():
+    rec = record()
+    rec["methods"].append(row("llamacpp:bin", 18.0, preserving=False, identical=0.75))
+    assert reference_line(rec) == ("against llama.cpp, `llamacpp:bin` (`llamacpp` 16.0) 18.0 tok/s: native `ar` 1.11x, "
+                                   "best exact `spec:lookup+csv` 36.0 2.00x")
+    rec["methods"] = [r for r in rec["methods"] if not r["method"].startswith("llamacpp")]
+    assert reference_line(rec) is None  # no llama.cpp row: nothing to say
 
 
 def test_a_rate_of_zero_is_a_run_without_a_decode_step():

@@ -134,6 +134,32 @@ def test_generate_of_one_token_reports_no_decode_speed(artifact: Path):
     assert "] 1 token, no decode step: the prefill gave it (" in result.stderr and "tok/s" not in result.stderr
 
 
+def test_generate_reports_certification_only_for_a_certified_head(artifact: Path):
+    """A method on the full head certifies nothing: no "certified 0.0% ... recomputed 100%" line for it."""
+    for method, certified in (("spec:ngram", False), ("ar", False), ("spec:ngram+csv", True), ("csv", True)):
+        result = invoke(runtime_main, ["generate", artifact, "--method", method, "--prompt", "hi", "--max-new-tokens", 4])
+        assert result.exit_code == 0, result.output
+        stats = next(line for line in result.stderr.splitlines() if "tok/s decode" in line)
+        assert ("certified" in stats and "recomputed" in stats) == certified, stats
+
+
+def test_chat_without_a_chat_template_is_refused_before_the_model_loads(artifact: Path, tmp_path: Path, monkeypatch):
+    import runtime.models
+    from runtime import api
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before --chat was checked")
+
+    monkeypatch.setattr(runtime.models, "load_model", never)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": "hi"}]))
+    for command in (["generate", artifact, "--chat", "--prompt", "hi"],
+                    ["bench", artifact, "--chat", "--prompts", prompts, "-n", 1, "--json", tmp_path / "b.json"]):
+        assert_clean_error(invoke(runtime_main, command), "has no chat template; drop --chat")
+    with pytest.raises(ValueError, match="has no chat template"):
+        api.load(artifact, progress=False, chat=True)
+
+
 def test_generate_cluster_bound_matches_ar(artifact: Path):
     outputs = [
         invoke(runtime_main, ["generate", artifact, *extra, "--prompt", "hi w5 w9", "--max-new-tokens", 4]).stdout

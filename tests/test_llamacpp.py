@@ -25,7 +25,7 @@ def test_llamacpp_parses_and_makes_no_identity_claim() -> None:
     assert canonical(parse_method("llamacpp:lookup:4")) == "llamacpp:lookup:4"
     assert not parse_method("llamacpp:lookup:4").distribution_preserving
     for bad in ("llamacpp:fast", "llamacpp:lookup:0", "llamacpp:lookup:4:2"):
-        with pytest.raises(ValueError, match="takes nothing or lookup"):
+        with pytest.raises(ValueError, match="takes nothing, lookup"):
             parse_method(bad)
     with pytest.raises(ValueError, match=r"\+csv applies"):
         parse_method("llamacpp+csv")

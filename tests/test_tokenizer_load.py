@@ -19,7 +19,7 @@ from factories import in_user_cache, save_tiny_model_dir
 from runtime.models import ModelError, load_model, resolve_model
 from runtime.models import tokenizer as tokenizer_cache
 from runtime.models.cache import CACHE_ENV, read_provenance
-from runtime.models.tokenizer import CACHE_FOLDER, WEIGHT_SUFFIXES, cache_key, load_tokenizer, same_tokenizer
+from runtime.models.tokenizer import CACHE_FOLDER, WEIGHT_SUFFIXES, cache_key, has_chat_template, load_tokenizer, same_tokenizer
 
 REAL_MODELS = ("gemma3-270m", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
 # Text the corpora may lack: special tokens inline, NFC-sensitive accents, byte-fallback scripts.
@@ -235,6 +235,31 @@ def test_same_tokenizer_sees_an_attribute_or_a_backend_change(tiny_entry: Path):
     c = auto_tokenizer(tiny_entry)
     c.backend_tokenizer.add_tokens(["w1000"])
     assert not same_tokenizer(a, c)
+
+
+def _set_template(folder: Path, where: str) -> None:
+    """Give the tiny tokenizer a chat template the way `where` names (none: leave it without one)."""
+    import json
+
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    if where == "tokenizer_config":
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    elif where == "jinja":
+        (folder / "chat_template.jinja").write_text(template)
+    elif where == "empty jinja":
+        (folder / "chat_template.jinja").write_text("")
+    elif where == "additional":
+        (folder / "additional_chat_templates").mkdir()
+        (folder / "additional_chat_templates" / "tools.jinja").write_text(template)
+
+
+@pytest.mark.parametrize("where", ["none", "tokenizer_config", "jinja", "empty jinja", "additional"])
+def test_has_chat_template_reads_what_autotokenizer_reads(tmp_path: Path, where: str):
+    """--chat is checked from the files before a model loads: the answer is AutoTokenizer's."""
+    folder = save_tiny_model_dir(tmp_path / "hf")
+    _set_template(folder, where)
+    assert has_chat_template(folder) == bool(auto_tokenizer(folder).chat_template) == (where not in ("none", "empty jinja"))
 
 
 @pytest.mark.parametrize("damage", ["record", "backend"])

@@ -75,18 +75,22 @@ __all__ = [
 ]
 
 
-def load_target(spec: str, backend: str = "auto", progress: bool = True):
+def load_target(spec: str, backend: str = "auto", progress: bool = True, chat: bool = False):
     """Load model `spec` for `backend` (auto | native | lean | transformers): (LoadedModel, TargetModel).
 
     The native backend reads the GGUF's blocks, so the fp32 weights are not loaded for it.
+    chat: refuse a model without a chat template before anything of it loads.
     """
     from transformers import AutoConfig
 
     from runtime.models import load_model, resolve_model
     from runtime.models.cache import read_config
+    from runtime.models.tokenizer import NO_CHAT_TEMPLATE, has_chat_template
 
     resolved = resolve_model(spec, progress=progress)
     read_config(resolved.path)  # a one-line ModelError for a missing or damaged config.json
+    if chat and not has_chat_template(resolved.path):
+        raise ValueError(f"{resolved.name} {NO_CHAT_TEMPLATE}")
     chosen = choose_backend(backend, resolved.gguf_path, AutoConfig.from_pretrained(resolved.path))
     loaded = load_model(spec, progress=False, weights=chosen != "native")
     eos = eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)

@@ -1,7 +1,10 @@
 """The headline table from `runtime bench` records: per record, native `ar` and the best exact method
 against llama.cpp's plain decoding, whether every exact method matched `ar`, and llama.cpp's own
 identity to `ar` (the figures the results pages in docs/results/ report, read back from the JSONs).
-A page holds the table between bench-summary markers, so it is regenerated, never edited."""
+A page holds the table between bench-summary markers, so it is regenerated, never edited.
+
+llama.cpp's plain decoding is the faster of the rows that ran it: through llama-cpp-python (`llamacpp`)
+and by its own llama-server binary (`llamacpp:bin`); the table names which, with the other's rate."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ COLUMNS = [
     ("threads", "threads", "{}"),
     ("ar", "`ar` tok/s", "{:.1f}"),
     ("llamacpp", "llama.cpp tok/s", "{:.1f}"),
+    ("llamacpp_as", "llama.cpp run as", "{}"),
     ("ar_vs_llamacpp", "native `ar` / llama.cpp", "{:.2f}x"),
     ("best", "best exact method, tok/s", "{}"),
     ("best_vs_llamacpp", "best exact / llama.cpp", "{:.2f}x"),
@@ -33,6 +37,7 @@ VARIANT_COLUMNS = [
     ("best_vs_llamacpp_fastest", "best exact / llama.cpp's fastest", "{:.2f}x"),
 ]
 _NUMBER = (int, float)  # a JSON number
+PLAIN_LLAMACPP = ("llamacpp", "llamacpp:bin")  # llama.cpp's plain decoding: the Python wrapper's loop, its own binary
 
 
 def _finite_non_negative(value: float) -> bool:
@@ -52,7 +57,7 @@ class Field(NamedTuple):
 SETUP_FIELDS = {"model": Field(str), "prompts": Field(str), "n": Field(int), "max_new_tokens": Field(int), "threads": Field(int),
                 "temperature": Field(_NUMBER), "peak_rss_mib": Field(_NUMBER, _finite_non_negative, "a finite number >= 0"),
                 "code": Field(str), "cpu": Field(str), "screen_kernel": Field(str), "backend": Field(str),
-                "llamacpp_build": Field(str)}
+                "llamacpp_build": Field(str), "llamacpp_bin_build": Field(str)}
 ROW_FIELDS = {"tokens_per_s": Field(_NUMBER, _finite_non_negative, "a finite rate >= 0 (0: no decode step)"),
               "identical_to_ar": Field(_NUMBER, lambda v: 0 <= v <= 1, "a share in [0, 1]"),
               "distribution_preserving": Field(bool)}
@@ -105,7 +110,9 @@ def headline_row(record: dict) -> dict:
     by_name = {row["method"]: row for row in methods}
     exact = [row for row in methods if row.get("distribution_preserving")]
     best = max(exact, key=lambda row: row["tokens_per_s"]) if exact else None
-    ar, llama = by_name.get("ar"), by_name.get("llamacpp")
+    ar = by_name.get("ar")
+    plain = [by_name[name] for name in PLAIN_LLAMACPP if name in by_name]
+    llama = max(plain, key=lambda row: row["tokens_per_s"]) if plain else None
     prompts = PROMPT_NAMES.get(setup.get("prompts"), setup.get("prompts", "?"))
 
     def ratio(row: dict | None, to: dict | None = llama) -> float | None:
@@ -113,12 +120,14 @@ def headline_row(record: dict) -> dict:
 
     matched = sum(row.get("identical_to_ar") == 1.0 for row in exact)
     variants = [row for row in methods if row["method"].startswith("llamacpp")]
-    fastest = max(variants, key=lambda row: row["tokens_per_s"]) if len(variants) > 1 else None
+    others = len(variants) > len(plain)  # a variant beyond plain decoding ran (llamacpp:lookup)
+    fastest = max(variants, key=lambda row: row["tokens_per_s"]) if others else None
     return {
         "cell": f"{setup.get('model', '?')}, {prompts} ({setup.get('n', '?')} × {setup.get('max_new_tokens', '?')})",
         "threads": setup.get("threads"),
         "ar": ar["tokens_per_s"] if ar else None,
         "llamacpp": llama["tokens_per_s"] if llama else None,
+        "llamacpp_as": _plain_cell(llama, plain) if llama else None,
         "ar_vs_llamacpp": ratio(ar),
         "best": f"`{best['method']}` {best['tokens_per_s']:.1f}" if best else None,
         "best_vs_llamacpp": ratio(best),
@@ -128,6 +137,26 @@ def headline_row(record: dict) -> dict:
         "llamacpp_fastest": _fastest_cell(fastest) if fastest else None,
         "best_vs_llamacpp_fastest": ratio(best, fastest),
     }
+
+
+def reference_line(record: dict) -> str | None:
+    """The headline in one line, for `runtime bench`'s output: llama.cpp's faster plain row and the ratios
+    against it; None when no plain llama.cpp row ran."""
+    cells = headline_row(record)
+    if cells["llamacpp"] is None:
+        return None
+
+    def times(ratio: float | None) -> str:
+        return "n/a (no decode step)" if ratio is None else f"{ratio:.2f}x"
+
+    return (f"against llama.cpp, {cells['llamacpp_as']} {cells['llamacpp']:.1f} tok/s: native `ar` {times(cells['ar_vs_llamacpp'])}"
+            + (f", best exact {cells['best']} {times(cells['best_vs_llamacpp'])}" if cells["best"] else ""))
+
+
+def _plain_cell(faster: dict, plain: list[dict]) -> str:
+    """'`llamacpp:bin` (`llamacpp` 55.1)': the row the ratios are against, and the other plain row's rate."""
+    other = [f"`{row['method']}` {row['tokens_per_s']:.1f}" for row in plain if row is not faster]
+    return f"`{faster['method']}`" + (f" ({other[0]})" if other else "")
 
 
 def _fastest_cell(row: dict) -> str:
@@ -153,6 +182,8 @@ def summary_markdown(paths: list[Path]) -> str:
                  f"kernels {setup.get('screen_kernel', '?')}", f"backend {setup.get('backend', '?')}"]
         if setup.get("llamacpp_build"):
             parts.append(f"llama.cpp {_enabled_features(setup['llamacpp_build'])}")
+        if setup.get("llamacpp_bin_build"):
+            parts.append(_enabled_features(setup["llamacpp_bin_build"]))
         notes.append(f"- {path}: " + "; ".join(parts))
     return table + "\n\n" + "\n".join(notes)
 

