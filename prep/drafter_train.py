@@ -12,10 +12,8 @@ is the target's top-1 (on the corpus's own tokens, so a proxy for acceptance at 
 the draft vocabulary's coverage of the target's top-1.
 
 The head starts from the target: lm_head from the target head's rows of the draft vocabulary, the
-final norm from the target's, and fc passing the highest feature layer through. Each feature is
-scaled by 1 / its RMS over the training rows before fc (EagleHead.feature_scale), so that the
-layer's output is not drowned by the residual stream's outlier dims; the stage stores fc with the
-scale folded in, so it reads raw features as the EAGLE-3 layout expects.
+final norm from the target's, and fc passing the highest feature layer through, so that before any
+step the head reads off the target's late residual stream with the target's own head.
 """
 
 from __future__ import annotations
@@ -99,12 +97,6 @@ class TextsData(L.LightningDataModule):
             if not len(self.splits[name]):
                 raise ValueError(f"the features at {', '.join(self.folders)} have no {name} texts of "
                                  f"{self.steps + 2} tokens or more; trace more text with a larger --max-tokens")
-
-    def feature_scale(self) -> torch.Tensor:
-        """1 / RMS of each feature over the training rows [3d] (EagleHead.feature_scale)."""
-        rows = torch.nonzero(self.tensors["split"] == SPLITS.index("train")).view(-1)
-        squares = sum(self.tensors["features"][chunk].float().pow(2).sum(0) for chunk in rows.split(8192))
-        return (squares / rows.numel()).add_(1e-6).rsqrt_()
 
     def top1_counts(self) -> torch.Tensor:
         """How often the target chose each token [V] over the training rows."""
@@ -225,7 +217,6 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
     )
     gemma = body.model_type.startswith("gemma")
     head = initial_head(target.head_weight, eagle, draft_ids, RMSNorm.of_module(target.body.norm, gemma).factor)
-    head.feature_scale.copy_(data.feature_scale())
     total = c.epochs * len(data.splits["train"])
     embedding = target.model.get_input_embeddings().weight.detach()  # as stored: gemma3's scale is its module's
     module = DrafterModule(head, embedding, c.steps, c.lr, total)

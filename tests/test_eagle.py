@@ -219,21 +219,3 @@ def test_eagle_arguments_have_one_spelling():
     from runtime.drafters import parse_drafter
 
     assert parse_drafter("eagle:lookup:frspec=0016") == ("eagle", ("frspec=16", "lookup"))
-
-
-def test_a_stage_holds_fc_with_the_feature_scale_folded_in(trained):
-    """Training scales each feature before fc; the stage's fc reads raw features and computes the same."""
-    from runtime.drafters.eagle import stage_tensors
-
-    session, _, _ = trained
-    art = session.artifact
-    config = EagleConfig.from_params(art.stage_params("drafter"))
-    head = head_from_stage(art.read_stage("drafter"), config)
-    gen = torch.Generator().manual_seed(3)
-    head.feature_scale.copy_(torch.rand(head.feature_scale.shape, generator=gen) * 5 + 0.01)
-    loaded = head_from_stage({**stage_tensors(head), "draft_order": torch.arange(config.draft_vocab)}, config)
-    features = torch.randn(4, head.feature_scale.numel(), generator=gen) * 100
-    embeds = torch.randn(5, config.hidden_size, generator=gen)
-    with torch.no_grad():
-        for a, b in zip(head.unrolled(features, embeds, 2), loaded.unrolled(features, embeds, 2)):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -50,8 +50,8 @@ CACHE_CAPACITY = 512  # the head's K/V rows at first; doubled as a sequence grow
 
 
 def stage_tensors(head: EagleHead) -> dict[str, torch.Tensor]:
-    """The head's weights under their checkpoint names (stage `drafter`), float32, contiguous; fc reads raw features."""
-    state = {**head.state_dict(), "fc.weight": head.folded_fc().detach()}
+    """The head's weights under their checkpoint names (stage `drafter`), float32, contiguous."""
+    state = head.state_dict()
     return {CHECKPOINT_NAMES[k]: (v.float() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
 
 

@@ -98,10 +98,6 @@ class EagleHead(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, d, bias=False)
         self.norm = nn.Parameter(torch.ones(d))
         self.lm_head = nn.Linear(d, c.draft_vocab, bias=False)
-        # [3d]: what each feature is multiplied by before fc while training (1 in a loaded head, whose fc has it
-        # folded in): gemma3's residual stream holds dims of 1e5 beside rows of rms ~30-700, which would drown
-        # the layer's own contribution to its residual.
-        self.register_buffer("feature_scale", torch.ones(len(c.feature_layers) * d), persistent=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab, dtype=torch.long))  # [Vd]: target id - draft id
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))  # [V]: in the draft vocabulary
 
@@ -121,14 +117,6 @@ class EagleHead(nn.Module):
         index = torch.full((self.config.vocab_size,), NOT_DRAFTED, dtype=torch.long)
         index[self.draft_ids()] = torch.arange(self.config.draft_vocab)
         return index
-
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """Fused features [T, d] of the target's tapped layers [T, 3d]."""
-        return self.fc(features * self.feature_scale)
-
-    def folded_fc(self) -> torch.Tensor:
-        """fc's weight [d, 3d] with feature_scale folded in: the same map on raw features (what a stage stores)."""
-        return self.fc.weight * self.feature_scale
 
     def qkv(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """Rotated q [H, T, hd] and k, v [KV, T, hd] of rows with token embeddings and hidden inputs [T, d]."""
@@ -157,7 +145,7 @@ class EagleHead(nn.Module):
         embeddings of the tokens after each row (row t of step j reads embeds[t + j]).
         """
         rows = features.shape[0]
-        hidden = self.fuse(features)  # [T', d]
+        hidden = self.fc(features)  # [T', d]
         base = torch.arange(rows)
         causal = base.unsqueeze(1) >= base.unsqueeze(0)  # [T', T'] step 0: rows <= t
         diagonal = torch.eye(rows, dtype=torch.bool)  # later steps: row t only
