@@ -191,3 +191,14 @@ def compiled_module(path: str):
     if module is None:
         pytest.fail(f"the {path} kernels did not build (see the warning)")
     return module
+
+
+def prep_ok(args) -> str:
+    """Run `prep ARGS` in-process (CliRunner); assert it succeeded and return its output."""
+    from click.testing import CliRunner
+
+    from prep.cli import main as prep_main
+
+    result = CliRunner().invoke(prep_main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output

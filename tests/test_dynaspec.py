@@ -13,7 +13,6 @@ import safetensors.torch
 import torch
 from click.testing import CliRunner
 
-from prep.cli import main as prep_main
 from prep import recipes
 from prep.traces import INDEX_FILE
 from runtime.data import split_of_text
@@ -26,14 +25,9 @@ from runtime.sampling import SamplingParams
 from runtime.router import RouterRunner
 from runtime.session import open_session
 from runtime.speculative import generate_speculative
+from tests.factories import prep_ok
 
 TEXTS = 80
-
-
-def invoke(args) -> str:
-    result = CliRunner().invoke(prep_main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +41,9 @@ def built(tiny_model_dir: Path, tmp_path_factory):
     art, traces = root / "art", root / "traces"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
-        invoke(["cluster", tiny_model_dir, "-o", art, "--clusters", 8])
-        invoke(["traces", tiny_model_dir, "--corpus", corpus, "-o", traces, "--shard-tokens", 400, "--drafter-layers", 1])
-        out = invoke(["train-router", art, "--traces", traces, "--clusters", 16, "--max-steps", 6, "--width", 32,
+        prep_ok(["cluster", tiny_model_dir, "-o", art, "--clusters", 8])
+        prep_ok(["traces", tiny_model_dir, "--corpus", corpus, "-o", traces, "--shard-tokens", 400, "--drafter-layers", 1])
+        out = prep_ok(["train-router", art, "--traces", traces, "--clusters", 16, "--max-steps", 6, "--width", 32,
                       "--batch-size", 64, "--devices", 1, "--accelerator", "cpu"])
         session = open_session(art, progress=False)
     assert "recall" in out
@@ -67,7 +61,7 @@ def built_final(built, tmp_path_factory):
     shutil.copytree(session.artifact.path, art)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
-        invoke(["train-router", art, "--traces", traces, "--hidden", "final", "--clusters", 16, "--max-steps", 6,
+        prep_ok(["train-router", art, "--traces", traces, "--hidden", "final", "--clusters", 16, "--max-steps", 6,
                 "--width", 32, "--batch-size", 64, "--devices", 1, "--accelerator", "cpu", "--work-dir", root / "work",
                 "--force"])
         return open_session(art, progress=False)
@@ -104,7 +98,7 @@ def test_traces_resume_skips_finished_shards(built, tiny_model_dir, monkeypatch,
     before = kept.stat().st_mtime_ns
     content = removed.read_bytes()
     removed.unlink()
-    invoke(["traces", tiny_model_dir, "--corpus", corpus, "-o", traces, "--shard-tokens", 400, "--drafter-layers", 1])
+    prep_ok(["traces", tiny_model_dir, "--corpus", corpus, "-o", traces, "--shard-tokens", 400, "--drafter-layers", 1])
     assert kept.stat().st_mtime_ns == before
     assert removed.read_bytes() == content  # recomputed, bit for bit
 
@@ -209,7 +203,7 @@ def test_prep_all_with_router_runs_the_recipe(built, tiny_model_dir, tmp_path, m
         router=recipes.RouterRecipe(corpus=str(corpus), max_tokens=1500, max_tokens_per_text=64, drafter_layers=1,
                                     hidden="final", clusters=16, width=16, max_steps=3, batch_size=64, loss="multilabel")))
     art, traces = tmp_path / "art", tmp_path / "traces"
-    invoke(["all", tiny_model_dir, "-o", art, "--with-router", "--traces", traces])
+    prep_ok(["all", tiny_model_dir, "-o", art, "--with-router", "--traces", traces])
     session = open_session(art, progress=False)
     assert {"clusters", "screen", "screen4", "router"} <= set(session.artifact.stages)  # the recipe's head stages too
     params = RouterStage.load(session.artifact).params

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,15 +19,9 @@ from runtime.kernels import dequantize
 from runtime.method_builders import build_method
 from runtime.sampling import SamplingParams
 from runtime.session import open_session
-from tests.factories import save_tiny_model_dir
+from tests.factories import prep_ok, save_tiny_model_dir
 
 TEXTS = 60
-
-
-def invoke(args) -> str:
-    result = CliRunner().invoke(prep_main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +36,10 @@ def trained(tmp_path_factory):
     art, features = root / "art", root / "features"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
-        invoke(["cluster", model, "-o", art, "--clusters", 8])
-        invoke(["traces", model, "--corpus", corpus, "-o", features, "--shard-tokens", 400, "--drafter-layers", 0,
+        prep_ok(["cluster", model, "-o", art, "--clusters", 8])
+        prep_ok(["traces", model, "--corpus", corpus, "-o", features, "--shard-tokens", 400, "--drafter-layers", 0,
                 "--features"])
-        out = invoke(["train-drafter", art, "--features", features, "--draft-vocab", 48, "--epochs", 1,
+        out = prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", 48, "--epochs", 1,
                       "--devices", 1, "--accelerator", "cpu"])
         session = open_session(art, backend="lean", progress=False)
     return session, features, out
@@ -143,7 +136,7 @@ def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
     model = save_tiny_model_dir(tmp_path / "model", layers=6)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
-        invoke(["cluster", model, "-o", tmp_path / "art", "--clusters", 8])
+        prep_ok(["cluster", model, "-o", tmp_path / "art", "--clusters", 8])
         session = open_session(tmp_path / "art", backend="lean", progress=False)
     with pytest.raises(ValueError, match="prep train-drafter"):
         build_method(session, "spec:eagle")
@@ -155,7 +148,7 @@ def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
 
     session, _, _ = trained
     out = tmp_path / "head"
-    invoke(["export-drafter", session.artifact.path, "-o", out])
+    prep_ok(["export-drafter", session.artifact.path, "-o", out])
     config = json.loads((out / "config.json").read_text())
     params = session.artifact.stage_params("drafter")
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1

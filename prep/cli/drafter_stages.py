@@ -15,6 +15,22 @@ from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
 
 
+def lightning_options(command):
+    """The Lightning flags train-router and train-drafter pass through (checked by prep.router_trainer.lightning_flags), and --seed."""
+    for option in reversed([
+        click.option("--devices", default="auto", show_default=True, help="Lightning devices: a number (1, 2) or auto."),
+        click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator: cpu, gpu or auto."),
+        click.option("--precision", default="32-true", show_default=True,
+                     help="Lightning precision (32-true, bf16-mixed, ...)."),
+        click.option("--strategy", default="auto", show_default=True,
+                     help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the "
+                          "command, refused."),
+        click.option("--seed", type=SEED, default=0, show_default=True),
+    ]):
+        command = option(command)
+    return command
+
+
 @main.command("traces")
 @model_argument
 @click.option("--corpus", default=None,
@@ -70,12 +86,7 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
 @click.option("--max-steps", type=COUNT, default=None, help="Default: the recipe's.")
 @click.option("--batch-size", type=COUNT, default=None, help="Default: the recipe's.")
 @click.option("--lr", type=Number(0, low_open=True), default=1e-3, show_default=True)
-@click.option("--devices", default="auto", show_default=True, help="Lightning devices: a number (1, 2) or auto.")
-@click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator: cpu, gpu or auto.")
-@click.option("--precision", default="32-true", show_default=True, help="Lightning precision (32-true, bf16-mixed, ...).")
-@click.option("--strategy", default="auto", show_default=True,
-              help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the command, refused.")
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@lightning_options
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: TRACES/router-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing router stage.")
 @clean_errors
@@ -183,12 +194,7 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
 @click.option("--steps", type=Integer(1, 8), default=3, show_default=True, help="Training-time-test depth (draft steps unrolled).")
 @click.option("--epochs", type=COUNT, default=2, show_default=True)
 @click.option("--lr", type=Number(0, low_open=True), default=5e-4, show_default=True)
-@click.option("--devices", default="auto", show_default=True, help="Lightning devices: a number (1, 2) or auto.")
-@click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator: cpu, gpu or auto.")
-@click.option("--precision", default="32-true", show_default=True, help="Lightning precision (32-true, bf16-mixed, ...).")
-@click.option("--strategy", default="auto", show_default=True,
-              help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the command, refused.")
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@lightning_options
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: FEATURES/drafter-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing drafter stage.")
 @clean_errors
