@@ -24,7 +24,7 @@ EXAMPLES = {
 }
 DRAFTER_EXAMPLES = {"ngram": "ngram:3", "lookup": "lookup:4", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
                     "int8": "int8", "dynaspec": "dynaspec:int8:k=4", "frspec": "frspec:layers:1:20",
-                    "onedecode": "onedecode:fallback=ngram"}
+                    "onedecode": "onedecode:fallback=ngram", "eagle": "eagle:frspec=512:lookup"}
 # The tiny model's artifact has the screen and clusters stages only: no router, no gp bases, one layer to drop.
 RUNNABLE = ["ar", "ar:transformers", "csv", "csv:cluster", "spec:ngram:gamma=2", "spec:layers:1:adaptive+csv",
             "spec:ngram+csv:cluster", "screenspec:layers:1:gamma=3"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -59,10 +60,13 @@ def command_fails(command, args: list, *must_say: str, code: int, unchanged: tup
 
 
 def prep_process(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start `prep ARGS` as its own process (for kills and locks)."""
+    """Start `prep ARGS` as its own process (for kills and locks), with Ctrl-C's default disposition, as a
+    terminal gives it: a test run started in the background of a non-interactive shell ignores SIGINT, and
+    its children would inherit that."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "prep", *map(str, args)], cwd=REPO, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def save_tiny_model(path: Path, seed: int, **config) -> Path:
