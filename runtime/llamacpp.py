@@ -100,8 +100,12 @@ def build_info() -> str:
     '0.3.36: CPU : SSE3 = 1 | ... | AVX2 = 1 | ...' (the bench records it beside llama.cpp's tok/s)."""
     import llama_cpp
 
-    features = [part.strip() for part in llama_cpp.llama_print_system_info().decode(errors="replace").split("|")]
-    return f"{llama_cpp.__version__}: {' | '.join(part for part in features if part)}"
+    return f"{llama_cpp.__version__}: {features_line(llama_cpp.llama_print_system_info().decode(errors='replace'))}"
+
+
+def features_line(system_info: str) -> str:
+    """llama_print_system_info()'s 'CPU : SSE3 = 1 | ... | REPACK = 1 |' without its empty last part."""
+    return " | ".join(part.strip() for part in system_info.split("|") if part.strip())
 
 
 class LlamaCppDecoder:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from runtime.decode import TokenStream
-from runtime.llamacpp import LlamaCppUnavailable
+from runtime.llamacpp import LlamaCppUnavailable, features_line
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats
 
@@ -138,7 +138,7 @@ class LlamaServerDecoder:
         if library.is_file():  # in a child: never a second libllama in this process beside llama-cpp-python's
             done = subprocess.run([sys.executable, "-c", _SYSTEM_INFO, str(library)], capture_output=True, text=True,
                                   timeout=60)
-            features = done.stdout.strip() if done.returncode == 0 else f"instruction sets not known ({library} did not load)"
+            features = features_line(done.stdout) if done.returncode == 0 else f"instruction sets not known ({library} did not load)"
         return f"{SERVER} {version}: {features}"
 
     def _complete(self, body: dict) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.llamacpp import LlamaCppUnavailable
+from runtime.llamacpp import LlamaCppUnavailable, features_line
 from runtime.llamacpp_server import BIN_ENV, LlamaServerDecoder, find_server
 from runtime.methods import canonical, parse_method
 from runtime.sampling import SamplingParams
@@ -74,6 +74,10 @@ def test_a_libllama_that_does_not_load_leaves_the_instruction_sets_unknown(fake_
     (fake_server.parent / "libllama.so").write_bytes(b"not a library")
     decoder = LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=1)
     assert decoder.build.startswith("llama-server b4242-fake123: instruction sets not known (") and "did not load" in decoder.build
+
+
+def test_the_features_line_drops_the_empty_last_part():
+    assert features_line("CPU : SSE3 = 1 | AVX2 = 1 | \n") == "CPU : SSE3 = 1 | AVX2 = 1"
 
 
 def test_the_eos_guard_redoes_only_a_run_that_put_eos_early(fake_server: Path, tmp_path: Path):
