@@ -37,7 +37,10 @@ ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 PLACEHOLDER = re.compile(r"[<>\[\]A-Z]|\.\.\.|…|\|")  # art/<g270|qwen>, [--traces TR], M, ...: not a literal value
 
 # Names the docs cite from outside this tree (llama.cpp, llama-cpp-python, the C library, CPU flags).
-EXTERNAL_NAMES = {"__AMX_INT8__", "logits_all", "LlamaPromptLookupDecoding", "AVX512_VNNI", "AVX_VNNI", "V_bake"}
+EXTERNAL_NAMES = {"__AMX_INT8__", "logits_all", "LlamaPromptLookupDecoding", "AVX512_VNNI", "AVX_VNNI", "V_bake",
+                  "Eagle3DraftModel", "Eagle3Speculator", "Eagle3LlamaForCausalLM",  # llama.cpp converter names
+                  "norm_before_fc", "norm_before_residual"}  # and config keys
+EXTERNAL_FILES = {"convert_hf_to_gguf.py"}  # llama.cpp's, named where the docs say how to use its tools
 
 
 def page_text(path: Path) -> str:
@@ -357,7 +360,8 @@ def name_problems(span: str) -> list[str]:
     if re.match(r"^(artifacts|runtime|prep|recipes|tests|docs|\.ci)/[\w./-]*$", span):
         return [] if (ROOT / span).exists() else [f"`{span}`: no such path in the tree"]
     if re.match(r"^[\w-]+\.(py|h|cpp|toml)$", span):
-        return [] if any(Path(n).name == span for n in tracked_files()) else [f"`{span}`: no such file in the tree"]
+        known = span in EXTERNAL_FILES or any(Path(n).name == span for n in tracked_files())
+        return [] if known else [f"`{span}`: no such file in the tree"]
     if re.match(r"^(runtime|prep|artifacts)(\.\w+)+$", span):
         problem = resolve_dotted(span)
         return [f"`{span}`: {problem}"] if problem else []
