@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.drafters.eagle_head import EagleConfig, EagleHead, apply_rotary, rotary
+from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
 from runtime.drafters.lookup import LookupDrafter
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
@@ -99,7 +99,7 @@ class KernelHead:
         """Append rows (token embeddings, hidden inputs [T, d]) at the next positions; their layer outputs [T, d]."""
         c, count, start = self.config, embeds.shape[0], self.length
         n = self.norms
-        x = torch.cat([rms_norm(embeds, n["input_layernorm"], 1e-6), rms_norm(hidden, n["hidden_norm"], 1e-6)], dim=1)
+        x = torch.cat([rms_norm(embeds, n["input_layernorm"], NORM_EPS), rms_norm(hidden, n["hidden_norm"], NORM_EPS)], dim=1)
         qkv = quant_linear_parts(x, self.qkv)  # [T, (H + 2 KV) hd]
         q_width, kv_width = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
         q = qkv[:, :q_width].reshape(count, c.num_heads, c.head_dim).transpose(0, 1)  # [H, T, hd]
@@ -116,13 +116,13 @@ class KernelHead:
             self.values[:, : self.length].unsqueeze(0), attn_mask=mask, enable_gqa=c.num_heads != c.kv_heads,
         )[0].transpose(0, 1).reshape(count, q_width)  # [T, H hd]
         x = hidden + linear(attended, self.o)
-        gate_up = quant_linear_parts(rms_norm(x, n["post_attention_layernorm"], 1e-6), self.gate_up)  # [T, 2 F]
+        gate_up = quant_linear_parts(rms_norm(x, n["post_attention_layernorm"], NORM_EPS), self.gate_up)  # [T, 2 F]
         half = gate_up.shape[1] // 2
         return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], self.down)
 
     def top1(self, out: torch.Tensor) -> int:
         """The target id of the best draft-vocabulary token for the last layer output of out [T, d]."""
-        logits = linear(rms_norm(out[-1:], self.norms["norm"], 1e-6), self.lm_head)  # [1, rows]
+        logits = linear(rms_norm(out[-1:], self.norms["norm"], NORM_EPS), self.lm_head)  # [1, rows]
         return int(self.token_ids[int(logits.argmax())])
 
     def _reserve(self, length: int) -> None:
