@@ -28,6 +28,7 @@ import torch
 
 from runtime.checks import first_surrogate, require, require_count
 from runtime.decode import TokenStream
+from runtime.kernels import set_adaptive_threads
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
@@ -43,13 +44,16 @@ MAX_CHARS_PER_TOKEN = 64
 
 
 def set_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads and return the count.
+    """Set torch's intra-op threads (the kernels' too) and return the count.
 
-    `threads`: 1 up to the cores this process may run on; None: every one of those cores.
+    `threads`: 1 up to the cores this process may run on, used in every parallel region; None: every
+    one of those cores, the kernels leaving the extra ones alone while measured regions show they do
+    not pay (another process holds a core: docs/contention.md). Outputs are the same bits either way.
     """
     cores = usable_cores()
     count = cores if threads is None else require_count("threads", threads, 1, cores, " (the cores this process may use)")
     torch.set_num_threads(count)
+    set_adaptive_threads(threads is None)
     return count
 
 
