@@ -264,7 +264,7 @@ class Engine:
         from runtime.bench.perplexity import perplexity
         from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
-        from runtime.kernels import kernel_name
+        from runtime.kernels import kernel_name, thread_stats
 
         max_new_tokens, seed = _check_counts(max_new_tokens, seed)
         require(isinstance(chat, bool), "chat", "True or False", chat)
@@ -293,7 +293,8 @@ class Engine:
                 "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
-                "threads": torch.get_num_threads(), "screen_kernel": kernel_name(),
+                "threads": torch.get_num_threads(), "adaptive_threads": bool(thread_stats().get("adaptive")),
+                "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
                 "energy_counters": meter.description, **_llamacpp_build(specs), **provenance(),
             },

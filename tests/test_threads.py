@@ -7,6 +7,7 @@ with the thread count, would give different bits on some repeat.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from runtime import api
+from runtime.bench.contention import busy_loops
 from runtime.kernels import (attend, kernel_name, linear, quant_linear_parts, rms_norm, screen_gemv, screen_gemv_int16,
                              set_adaptive_threads, take_rows, thread_stats)
 
@@ -101,3 +103,18 @@ def test_the_default_thread_count_stands_down_and_a_chosen_one_does_not() -> Non
     finally:
         torch.set_num_threads(before)
         set_adaptive_threads(adaptive)
+
+
+def test_busy_loops_run_beside_the_block_and_always_stop() -> None:
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    with pytest.raises(KeyboardInterrupt):
+        with busy_loops(2) as pids:
+            assert len(pids) == 2 and all(alive(p) for p in pids)
+            raise KeyboardInterrupt
+    assert not any(alive(p) for p in pids)

@@ -29,7 +29,7 @@ DEFAULT = "default"  # the thread setting set_threads(None) gives
 
 
 @contextmanager
-def background_load(processes: int) -> Iterator[list[int]]:
+def busy_loops(processes: int) -> Iterator[list[int]]:
     """`processes` busy-loop processes beside the block (their pids); stopped on leaving it, Ctrl-C included."""
     started = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL) for _ in range(processes)]
     try:
@@ -73,7 +73,7 @@ def run_contention(methods: list[Method], prompts: list[torch.Tensor], max_new_t
     params = SamplingParams()
     try:
         for load in loads:
-            with background_load(load):
+            with busy_loops(load):
                 here = {(m.name, s): Cell(load, m.name, s) for m, s in combos}
                 for method, setting in combos:  # warm-up: kernels built, caches touched, at this load
                     set_threads(None if setting == DEFAULT else int(setting))

@@ -329,3 +329,4 @@ SEED = Integer(0, MAX_SEED)
 COUNT = Integer(1)  # a number of things (tokens, prompts, repeats): at least 1
 THREADS = Integer(1, usable_cores(), hint=" (the cores this process may use)")
 NON_NEGATIVE = Integer(0)
+BACKGROUND_LOAD = Integer(0, 64, hint=" (busy-loop processes; more is a typo, not a machine)")
