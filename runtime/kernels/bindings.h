@@ -20,12 +20,13 @@ constexpr int64_t kChunkBytes = 32768;
 constexpr int64_t kMaxChunkRows = 256;
 inline int64_t chunk_rows(int64_t rb) { return std::clamp<int64_t>(kChunkBytes / rb / 8 * 8, 8, kMaxChunkRows); }
 
-// Weight rows [begin, end) of w (rows of rb bytes in format D) against x [n, cols]: y[b * ys + i].
+// Weight rows [begin, end) of w ([rows] rows of rb bytes in format D) against x [n, cols]: y[b * ys + i].
 template <class D>
-void run(const uint8_t* w, int64_t rb, int64_t begin, int64_t end, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
+void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t begin, int64_t end, int64_t cols, const float* x, int64_t n, float* y,
+         int64_t ys) {
   for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
     const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
-    rows_dot_range<D, kMaxBatch>(count, w, rb, begin, end, x + b0 * cols, cols, b0 == 0, y + b0 * ys, ys);
+    rows_dot_range<D, kMaxBatch>(count, w, rb, begin, end, x + b0 * cols, cols, b0 == 0 ? rows : 0, y + b0 * ys, ys);
   }
 }
 
@@ -68,7 +69,7 @@ void tile_pass(int64_t count, const uint8_t* tile, int64_t tb, int64_t rows, con
 // Weight rows [begin, end) (at most one tile) against x [n, cols], many rows of x: the tile decoded
 // to float32 once (a buffer per thread, reused), then tile_pass over groups of kTallBatch rows.
 template <class D>
-void run_tall(const uint8_t* w, int64_t rb, int64_t begin, int64_t end, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
+void run_tall(const uint8_t* w, int64_t /*rows*/, int64_t rb, int64_t begin, int64_t end, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
   const uint8_t* tw = w + begin * rb;
   int64_t tb = rb;
   if constexpr (D::kType != blocks::F32::kType) {
@@ -137,7 +138,8 @@ torch::Tensor quant_linear_parts(torch::Tensor x, std::vector<torch::Tensor> dat
     blocks::with_decoder(types[s.part], [&](auto d) {
       using D = decltype(d);
       const auto go = tall ? run_tall<D> : run<D>;
-      go(data[s.part].data_ptr<uint8_t>(), data[s.part].size(1), s.begin, s.end, cols, xp, n, yp + offsets[s.part], total);
+      go(data[s.part].data_ptr<uint8_t>(), data[s.part].size(0), data[s.part].size(1), s.begin, s.end, cols, xp, n,
+         yp + offsets[s.part], total);
     });
   });
   return y;

@@ -84,7 +84,7 @@ void int_rows_range(const int8_t* q, const float* scale, const int16_t* a, const
   int64_t dots[R * N];
   int64_t i = begin;
   for (; i + R <= end; i += R) {
-    Dot::template rows<R, N>(q + i * d, a, d, i + kPrefetchRows + R <= end, dots);
+    Dot::template rows<R, N>(q + i * d, a, d, i + kPrefetchRows + R <= V, dots);  // V: on into the next chunk
     for (int r = 0; r < R; ++r)
       for (int b = 0; b < N; ++b) y[b * V + i + r] = static_cast<float>(dots[r * N + b]) * scale[i + r] * step[b];
   }

@@ -296,7 +296,7 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
         int64_t run = 1;
         while (j + run < n && seen[j + run] == seen[j] + run) ++run;
         gemm::rows_dot_range<blocks::F32, kMaxHeadsPerPass>(nh, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd),
-                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, false,
+                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, 0,
                                                             p.data() + j, most);
         j += run;
       }

@@ -162,7 +162,7 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
       for (; i + 2 <= end; i += 2) {
         for (int64_t b0 = 0; b0 < B; b0 += kMaxBatch) {
           const int64_t count = std::min(kMaxBatch, B - b0);
-          rows2_per_row_batch(qp + i * d, sp + i, hp + b0 * d, d, count, b0 == 0 && i + kPrefetchRows + 2 <= end, yp + b0 * V + i, V);
+          rows2_per_row_batch(qp + i * d, sp + i, hp + b0 * d, d, count, b0 == 0 && i + kPrefetchRows + 2 <= V, yp + b0 * V + i, V);
         }
       }
       for (; i < end; ++i) {
