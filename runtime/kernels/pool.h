@@ -58,7 +58,7 @@ inline void cpu_relax() {
 class Fallback {
  public:
   static constexpr double kWindow = 0.004;      // seconds of parallel regions per decision
-  static constexpr double kWarmup = 0.0005;     // seconds ignored after the workers were asleep
+  static constexpr int kWarmupRegions = 2;      // regions not measured after the workers may have slept
   static constexpr double kPays = 0.9;          // keep the workers while regions take <= 90 % of the caller's alone
   static constexpr double kMinBackoff = 0.05;   // seconds alone after a failed window
   static constexpr double kMaxBackoff = 1.0;
@@ -72,13 +72,17 @@ class Fallback {
     alone_ = false;  // a probe window
     ++probes_;
     actual_ = alone_estimate_ = 0.0;
-    warm_up(now);
+    warm_up();
     return true;
   }
 
   // A parallel region that took `actual` seconds, which the caller alone would have run in ~`alone`.
   void record(double actual, double alone, Clock::time_point now) {
-    if (!enabled || now < measure_from_) return;
+    if (!enabled) return;
+    if (skip_ > 0) {
+      --skip_;
+      return;
+    }
     actual_ += actual;
     alone_estimate_ += alone;
     if (actual_ < kWindow) return;
@@ -93,10 +97,9 @@ class Fallback {
     actual_ = alone_estimate_ = 0.0;
   }
 
-  // The workers may be asleep: the regions of the next kWarmup are not measured (they are waking up).
-  void warm_up(Clock::time_point now) {
-    measure_from_ = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kWarmup));
-  }
+  // The workers may be asleep: the next kWarmupRegions regions are not measured (they are waking up).
+  // A count, not a time: a loop whose Python gaps outlast a worker's spin would never leave a time span.
+  void warm_up() { skip_ = kWarmupRegions; }
 
   bool alone() const { return enabled && alone_; }
   int64_t fallbacks() const { return fallbacks_; }
@@ -104,7 +107,8 @@ class Fallback {
 
  private:
   bool alone_ = false;
-  Clock::time_point alone_until_{}, measure_from_{};
+  Clock::time_point alone_until_{};
+  int skip_ = 0;
   double actual_ = 0.0, alone_estimate_ = 0.0, backoff_ = kMinBackoff;
   int64_t fallbacks_ = 0, probes_ = 0;
 };
@@ -131,7 +135,7 @@ class Pool {
       ++regions_alone_;
       return alone(chunks, body);
     }
-    if (start - last_parallel_ > kIdleSpin) fallback_.warm_up(start);  // the workers may be asleep
+    if (start - last_parallel_ > kIdleSpin) fallback_.warm_up();  // the workers may be asleep
     ++regions_parallel_;
     ensure_workers(threads - 1);
     publish(chunks, &call<std::remove_reference_t<F>>, &body);
@@ -145,9 +149,9 @@ class Pool {
     rethrow();
   }
 
+  // Keeps what the fallback measured when the setting does not change (a bench sets it before every run).
   void set_adaptive(bool adaptive) {
     std::lock_guard<std::mutex> caller(run_mutex_);
-    fallback_ = Fallback();
     fallback_.enabled = adaptive;
   }
 
