@@ -28,7 +28,14 @@ REAL_MAX_TOKENS_PER_TEXT = 256
 # Tests run single-threaded unless SPECVOCAB_TEST_THREADS says otherwise. Results must not depend
 # on the thread count, and on a shared 2-core machine a second OpenMP thread stalls whenever the
 # other core is busy (a gemma3-270m forward went from 40 ms to 1.2 s); one thread is steady.
-torch.set_num_threads(int(os.environ.get("SPECVOCAB_TEST_THREADS", "1")))
+# With more threads, the kernels' workers take part in every region (no fallback to one thread):
+# the dynamic split is what such a run checks.
+TEST_THREADS = int(os.environ.get("SPECVOCAB_TEST_THREADS", "1"))
+torch.set_num_threads(TEST_THREADS)
+if TEST_THREADS > 1:
+    from runtime.kernels import set_adaptive_threads
+
+    set_adaptive_threads(False)
 
 
 @pytest.fixture(params=[False, True], ids=["no-bias", "bias"])

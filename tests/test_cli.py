@@ -376,3 +376,37 @@ def test_bench_screen_says_when_the_prompts_hold_fewer_positions(artifact: Path,
     result = invoke(runtime_main, ["bench-screen", artifact, "--prompts", prompts, "--positions", 500, "--formats", "q4_0"])
     assert result.exit_code == 0, result.output
     assert "fewer than --positions 500; screening those" in result.stderr and "| q4_0 |" in result.stdout
+
+
+def test_bench_threads_compares_settings_per_background_load(artifact: Path, tmp_path: Path):
+    """Every (load, method, setting) row, the same tokens in each, the busy loops gone afterwards."""
+    prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w6"}])
+    out = tmp_path / "threads.json"
+    result = invoke(runtime_main, ["bench-threads", artifact, "--prompts", prompts, "--methods", "ar,default", "-n", 1,
+                                   "--max-new-tokens", 3, "--thread-settings", "default,1", "--background-load", "0,1",
+                                   "--json", out])
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert [(r["background_load"], r["threads"]) for r in rows] == [(load, s) for load in (0, 1) for _ in range(2) for s in ("default", "1")]
+    assert all(r["same_tokens"] for r in rows)
+    assert all(r["vs_best_fixed"] == 1.0 for r in rows if r["threads"] == "1")  # the only fixed count is its own best
+    assert record["setup"]["background_load"] == [0, 1] and "| busy-loop processes |" in result.output
+
+
+def test_bench_records_its_background_load(artifact: Path, tmp_path: Path):
+    prompts = write_prompts(tmp_path / "prompts.json", [{"text": "hi w5 w6"}])
+    out = tmp_path / "b.json"
+    result = invoke(runtime_main, ["bench", artifact, "--prompts", prompts, "--methods", "ar", "-n", 1,
+                                   "--max-new-tokens", 2, "--background-load", 1, "--json", out])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["setup"]["background_load"] == 1
+
+
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--thread-settings", "default,0", "neither 'default' nor a thread count"),
+    ("--thread-settings", "1,1", "twice"),
+    ("--background-load", "0,x", "numbers of busy-loop processes"),
+])
+def test_bench_threads_bad_settings_are_clean_errors_before_loading(artifact: Path, option: str, value: str, fragment: str):
+    assert_clean_error(invoke(runtime_main, ["bench-threads", artifact, option, value]), fragment)

@@ -39,11 +39,13 @@ NOTHING_WRITTEN = "nothing is written (a record holds whole runs only): rerun th
               show_default=True, help="JSON output; the .md table and .png plot go beside it (checked writable first).")
 @click.option("--force", is_flag=True, help=values.FORCE_HELP)
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
+@click.option("--background-load", type=values.BACKGROUND_LOAD, default=0, show_default=True,
+              help="Busy-loop processes beside the bench, started and stopped by it: a machine whose cores are taken.")
 @sampling_options
 @model_options
 @clean_errors(interrupted=NOTHING_WRITTEN)
 def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, force, model,
-          temperature, top_k, top_p, epsilon, seed, backend) -> None:
+          background_load, temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s, speedup over ar in one run, peak RSS.
 
     \b
@@ -51,8 +53,10 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     runtime bench art/g270 --prompts prompts.json --methods ar,csv --temperature 0.7
     runtime bench art/g270 --methods ar,spec:int8:gamma=6+csv,dynaspec:int8:k=8
     runtime bench art/qwen --prompts sharegpt --chat --methods ar,spec:layers:20 --min-response-tokens 4
+    runtime bench art/g270 --methods ar,spec:lookup+csv:screen4 --background-load 1
     """
     from runtime import api
+    from runtime.bench.contention import busy_loops
     from runtime.bench.report import markdown_table, write_reports
     from runtime.bench.summary import reference_line
     from runtime.data import load_prompts
@@ -67,9 +71,11 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
         click.echo(f"note: {prompt_source} holds {len(texts)} prompts, fewer than -n {num_prompts}; running those",
                    err=True)
     engine = api.load(artifact, model, backend=backend, chat=chat)
-    record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
+    with busy_loops(background_load):
+        record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
-              "setup": {"prompts": prompt_source, **record["setup"]}, "methods": record["methods"]}
+              "setup": {"prompts": prompt_source, **record["setup"], "background_load": background_load},
+              "methods": record["methods"]}
     click.echo(f"peak RSS {record['setup']['peak_rss_mib']:.0f} MiB (the process, all methods)", err=True)
     headline = reference_line(record)
     table = markdown_table(record["methods"]) + (f"\n\n{headline}" if headline else "")

@@ -346,3 +346,4 @@ COUNT = Integer(1)  # a number of things (tokens, prompts, repeats): at least 1
 THREADS = Integer(1, usable_cores(), hint=" (the cores this process may use)")
 NON_NEGATIVE = Integer(0)
 METHOD = MethodName()
+BACKGROUND_LOAD = Integer(0, 64, hint=" (busy-loop processes; more is a typo, not a machine)")

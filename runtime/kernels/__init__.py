@@ -35,6 +35,24 @@ def paying_drafts() -> int | None:
     return PAYING_DRAFTS.get(kernel_name())
 
 
+def set_adaptive_threads(adaptive: bool) -> None:
+    """Whether the kernels' worker threads stand down while they do not pay (pool.h's Fallback).
+
+    True for the default thread count: when measured regions show a core taken by another process,
+    regions run on the calling thread alone for a while, then the workers are tried again. False for a
+    count the user chose: every region uses every thread. Results are the same bits either way.
+    """
+    ext = active()[1]
+    if ext is not None:
+        ext.set_adaptive_threads(adaptive)
+
+
+def thread_stats() -> dict[str, int]:
+    """The kernel thread pool's counters (regions run with the workers or alone, fallbacks, probes; empty without kernels)."""
+    ext = active()[1]
+    return dict(ext.thread_stats()) if ext is not None else {}
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T + b for x [n, d], weight [out, d] (fp32 or a QuantMatrix): the kernel, any n.
 
@@ -226,6 +244,8 @@ __all__ = [
     "screen_gemv_int16",
     "screen_radius",
     "screen_select",
+    "set_adaptive_threads",
     "take_rows",
+    "thread_stats",
     "unpack_int4",
 ]

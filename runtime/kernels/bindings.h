@@ -4,27 +4,30 @@
 #pragma once
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "pool.h"
 #include "layer_ops.h"
 
 namespace {
 namespace gemm {
 
-constexpr int64_t kGrain = 256;  // weight rows per parallel task
+// Weight rows per chunk of a skinny region: about kChunkBytes of weights, a few microseconds of work,
+// so a thread that loses its core holds up little; whole multiples of 8 rows (every rows_for pass).
+constexpr int64_t kChunkBytes = 32768;
+constexpr int64_t kMaxChunkRows = 256;
+inline int64_t chunk_rows(int64_t rb) { return std::clamp<int64_t>(kChunkBytes / rb / 8 * 8, 8, kMaxChunkRows); }
 
-// y [n, rows] (row stride ys) = x [n, cols] . w^T, w given as rows of rb bytes in format D.
+// Weight rows [begin, end) of w ([rows] rows of rb bytes in format D) against x [n, cols]: y[b * ys + i].
 template <class D>
-void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
-  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
-      const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
-      rows_dot_range<D, kMaxBatch>(count, w, rb, begin, end, x + b0 * cols, cols, b0 == 0, y + b0 * ys, ys);
-    }
-  });
+void run(const uint8_t* w, int64_t rows, int64_t rb, int64_t begin, int64_t end, int64_t cols, const float* x, int64_t n, float* y,
+         int64_t ys) {
+  for (int64_t b0 = 0; b0 < n; b0 += kMaxBatch) {
+    const int64_t count = std::min<int64_t>(kMaxBatch, n - b0);
+    rows_dot_range<D, kMaxBatch>(count, w, rb, begin, end, x + b0 * cols, cols, b0 == 0 ? rows : 0, y + b0 * ys, ys);
+  }
 }
 
 // Many rows of x (a prefill chunk): each task decodes tile_rows(cols) weight rows to float32 once and runs
@@ -63,26 +66,22 @@ void tile_pass(int64_t count, const uint8_t* tile, int64_t tb, int64_t rows, con
   for (int64_t i = groups * R; i < rows; ++i) rows_dot<F, 1, N>(tile + i * tb, tb, x, cols, false, y + i, ys);
 }
 
+// Weight rows [begin, end) (at most one tile) against x [n, cols], many rows of x: the tile decoded
+// to float32 once (a buffer per thread, reused), then tile_pass over groups of kTallBatch rows.
 template <class D>
-void run_tall(const uint8_t* w, int64_t rows, int64_t rb, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
-  const int64_t tile_size = tile_rows(cols);
-  at::parallel_for(0, rows, tile_size, [&](int64_t begin, int64_t end) {
-    std::vector<float> tile;
-    for (int64_t t0 = begin; t0 < end; t0 += tile_size) {
-      const int64_t count_rows = std::min<int64_t>(tile_size, end - t0);
-      const uint8_t* tw = w + t0 * rb;
-      int64_t tb = rb;
-      if constexpr (D::kType != blocks::F32::kType) {
-        tile.resize(static_cast<size_t>(tile_size * cols));
-        for (int64_t r = 0; r < count_rows; ++r) decode_row<D>(w + (t0 + r) * rb, cols, tile.data() + r * cols);
-        tw = reinterpret_cast<const uint8_t*>(tile.data());
-        tb = cols * static_cast<int64_t>(sizeof(float));
-      }
-      for (int64_t b0 = 0; b0 < n; b0 += kTallBatch) {
-        tile_pass<kTallBatch>(std::min<int64_t>(kTallBatch, n - b0), tw, tb, count_rows, x + b0 * cols, cols, y + b0 * ys + t0, ys);
-      }
-    }
-  });
+void run_tall(const uint8_t* w, int64_t /*rows*/, int64_t rb, int64_t begin, int64_t end, int64_t cols, const float* x, int64_t n, float* y, int64_t ys) {
+  const uint8_t* tw = w + begin * rb;
+  int64_t tb = rb;
+  if constexpr (D::kType != blocks::F32::kType) {
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<size_t>((end - begin) * cols));
+    for (int64_t r = begin; r < end; ++r) decode_row<D>(w + r * rb, cols, tile.data() + (r - begin) * cols);
+    tw = reinterpret_cast<const uint8_t*>(tile.data());
+    tb = cols * static_cast<int64_t>(sizeof(float));
+  }
+  for (int64_t b0 = 0; b0 < n; b0 += kTallBatch) {
+    tile_pass<kTallBatch>(std::min<int64_t>(kTallBatch, n - b0), tw, tb, end - begin, x + b0 * cols, cols, y + b0 * ys + begin, ys);
+  }
 }
 
 template <class D>
@@ -106,24 +105,43 @@ void dispatch(const torch::Tensor& data, int64_t type, int64_t cols, Fn&& fn) {
   TORCH_CHECK(known, "unsupported ggml type ", type);
 }
 
+// Rows [begin, end) of matrix `part`: one chunk of quant_linear_parts' region.
+struct Slice {
+  size_t part;
+  int64_t begin, end;
+};
+
 // x [n, cols] float32 against several matrices (data_i [rows_i, row_bytes_i] in ggml types_i) ->
-// y [n, sum rows_i], their outputs side by side (q/k/v, gate/up): one call, no concatenation.
+// y [n, sum rows_i], their outputs side by side (q/k/v, gate/up): one call and one parallel region
+// (one synchronisation, not one per matrix), no concatenation.
 torch::Tensor quant_linear_parts(torch::Tensor x, std::vector<torch::Tensor> data, std::vector<int64_t> types, int64_t cols) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == cols, "x must be [n, cols] float32");
   TORCH_CHECK(!data.empty() && data.size() == types.size(), "one ggml type per matrix");
   x = x.contiguous();
+  const int64_t n = x.size(0);
+  const bool tall = n > kTallMinRows;
+  std::vector<Slice> slices;
+  std::vector<int64_t> offsets;
   int64_t total = 0;
-  for (const auto& part : data) total += part.size(0);
-  auto y = torch::empty({x.size(0), total}, x.options());
-  int64_t offset = 0;
   for (size_t p = 0; p < data.size(); ++p) {
-    dispatch(data[p], types[p], cols, [&](auto d) {
-      const auto go = x.size(0) > kTallMinRows ? run_tall<decltype(d)> : run<decltype(d)>;
-      go(data[p].data_ptr<uint8_t>(), data[p].size(0), data[p].size(1), cols, x.data_ptr<float>(), x.size(0),
-         y.data_ptr<float>() + offset, total);
-    });
-    offset += data[p].size(0);
+    dispatch(data[p], types[p], cols, [](auto) {});  // the checks only
+    const int64_t rows = data[p].size(0), step = tall ? tile_rows(cols) : chunk_rows(data[p].size(1));
+    for (int64_t begin = 0; begin < rows; begin += step) slices.push_back({p, begin, std::min(rows, begin + step)});
+    offsets.push_back(total);
+    total += rows;
   }
+  auto y = torch::empty({n, total}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  sv_pool::instance()->run(static_cast<int64_t>(slices.size()), [&](int64_t c) {
+    const Slice& s = slices[c];
+    blocks::with_decoder(types[s.part], [&](auto d) {
+      using D = decltype(d);
+      const auto go = tall ? run_tall<D> : run<D>;
+      go(data[s.part].data_ptr<uint8_t>(), data[s.part].size(0), data[s.part].size(1), s.begin, s.end, cols, xp, n,
+         yp + offsets[s.part], total);
+    });
+  });
   return y;
 }
 
@@ -152,7 +170,7 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
     const uint8_t* w = data.data_ptr<uint8_t>();
     const int64_t rb = data.size(1);
     float* op = out.data_ptr<float>();
-    at::parallel_for(0, k, 64, [&](int64_t begin, int64_t end) {
+    sv_pool::parallel_for(k, 64, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) decode_row<D>(w + ip[r] * rb, cols, op + r * cols);
     });
   });
@@ -177,6 +195,9 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
   m.def("softmax", &ops::softmax, "attention weights exp(s * scale - max) of each row, and their sums");     \
   m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix");                \
   m.def("pack_lanes", &lanes_pack::pack_lanes, "Q5_0 / Q4_K / Q6_K rows repacked into their lanes layout");     \
+  m.def("set_adaptive_threads", [](bool adaptive) { sv_pool::instance()->set_adaptive(adaptive); },             \
+        "true: stop using the worker threads while they do not pay (the default); false: always use them");   \
+  m.def("thread_stats", [] { return sv_pool::instance()->stats(); }, "the kernel thread pool's counters");     \
   pybind11::class_<plan::LayerPlan>(m, "LayerPlan")                                                           \
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<std::vector<torch::Tensor>>, \
                           std::vector<std::vector<int64_t>>, std::vector<int64_t>, std::vector<torch::Tensor>, int64_t, \

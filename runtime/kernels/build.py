@@ -53,7 +53,7 @@ _CPU_NEEDS = {
     "portable": frozenset(),
 }
 # -ffp-contract=off: GCC would otherwise fuse the intrinsics' d * q + m into one FMA, which rounds
-# differently from gguf-py's two float32 operations. -fopenmp: at::parallel_for's OpenMP pragmas.
+# differently from gguf-py's two float32 operations. -fopenmp: ATen's parallel headers (at::get_num_threads).
 _COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
 BUILT_MARKER = "built.ok"  # in a build folder: its .so is complete
 

@@ -126,16 +126,17 @@ inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols,
 }
 
 // Weight rows [begin, end) against count (1..N) rows of x: rows_for(count) weight rows per pass,
-// then the leftover rows one at a time.
+// then the leftover rows one at a time. Rows below prefetch_end (the matrix's end, past this chunk's:
+// the next chunk streams on; 0: none) are prefetched kPrefetchRows ahead.
 template <class D, int N>
 inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t begin, int64_t end, const float* x, int64_t cols,
-                           bool prefetch, float* y, int64_t ys) {
+                           int64_t prefetch_end, float* y, int64_t ys) {
   if constexpr (N > 1) {
-    if (count < N) return rows_dot_range<D, N - 1>(count, w, rb, begin, end, x, cols, prefetch, y, ys);
+    if (count < N) return rows_dot_range<D, N - 1>(count, w, rb, begin, end, x, cols, prefetch_end, y, ys);
   }
   constexpr int R = rows_for(N);
   int64_t i = begin;
-  for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, prefetch && i + kPrefetchRows + R <= end, y + i, ys);
+  for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, i + kPrefetchRows + R <= prefetch_end, y + i, ys);
   for (; i < end; ++i) rows_dot<D, 1, N>(w + i * rb, rb, x, cols, false, y + i, ys);
 }
 

@@ -12,9 +12,9 @@
 #pragma once
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "pool.h"
 #include "prefetch.h"
 
 #include <algorithm>
@@ -84,7 +84,7 @@ void int_rows_range(const int8_t* q, const float* scale, const int16_t* a, const
   int64_t dots[R * N];
   int64_t i = begin;
   for (; i + R <= end; i += R) {
-    Dot::template rows<R, N>(q + i * d, a, d, i + kPrefetchRows + R <= end, dots);
+    Dot::template rows<R, N>(q + i * d, a, d, i + kPrefetchRows + R <= V, dots);  // V: on into the next chunk
     for (int r = 0; r < R; ++r)
       for (int b = 0; b < N; ++b) y[b * V + i + r] = static_cast<float>(dots[r * N + b]) * scale[i + r] * step[b];
   }
@@ -123,7 +123,7 @@ std::tuple<torch::Tensor, torch::Tensor> int16_screen(torch::Tensor q, torch::Te
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, V, 256, [&](int64_t begin, int64_t end) {
+  sv_pool::parallel_for(V, 256, [&](int64_t begin, int64_t end) {
     for (int64_t b0 = 0; b0 < B; b0 += Dot::kBatch) {
       const int64_t count = std::min<int64_t>(Dot::kBatch, B - b0);
       int_rows_batch<Dot, Dot::kBatch>(count, qp, sp, a.data() + b0 * d, step.data() + b0, d, V, begin, end, yp + b0 * V);

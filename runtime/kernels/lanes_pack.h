@@ -7,10 +7,11 @@
 #pragma once
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <cstdint>
 #include <cstring>
+
+#include "pool.h"
 
 namespace {
 namespace lanes_pack {
@@ -88,7 +89,7 @@ torch::Tensor pack_rows(const torch::Tensor& data, int64_t cols, PackRow&& pack_
   auto out = torch::empty({data.size(0), ob}, data.options());
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, data.size(0), 64, [&](int64_t begin, int64_t end) {
+  sv_pool::parallel_for(data.size(0), 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) pack_row(src + r * rb, dst + r * ob);
   });
   return out;

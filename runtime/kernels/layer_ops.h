@@ -11,11 +11,12 @@
 #pragma once
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "pool.h"
 
 namespace {
 namespace ops {
@@ -100,7 +101,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor factor, double eps) {
   const float* fp = factor.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const float epsf = static_cast<float>(eps);
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
+  sv_pool::parallel_for(rows, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       norm_row(xp + r * d, fp, d, epsf, yp + r * d);
     }
@@ -279,7 +280,7 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
   int64_t chunk = std::min(group, heads_per_pass(hd));
   while (chunk > 1 && count * kv * ((group + chunk - 1) / chunk) < 2 * at::get_num_threads()) chunk = (chunk + 1) / 2;
   const int64_t chunks = (group + chunk - 1) / chunk;
-  at::parallel_for(0, count * kv * chunks, std::max<int64_t>(1, 32768 / (most * hd * chunk)), [&](int64_t begin, int64_t stop) {
+  sv_pool::parallel_for(count * kv * chunks, std::max<int64_t>(1, 32768 / (most * hd * chunk)), [&](int64_t begin, int64_t stop) {
     std::vector<float> p(chunk * most);  // scores, then weights, of the chunk's heads: [chunk, most]
     for (int64_t item = begin; item < stop; ++item) {
       const int64_t t = item / (kv * chunks), g = item / chunks % kv, h0 = g * group + item % chunks * chunk;
@@ -295,7 +296,7 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
         int64_t run = 1;
         while (j + run < n && seen[j + run] == seen[j] + run) ++run;
         gemm::rows_dot_range<blocks::F32, kMaxHeadsPerPass>(nh, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd),
-                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, false,
+                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, 0,
                                                             p.data() + j, most);
         j += run;
       }

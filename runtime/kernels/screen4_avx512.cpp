@@ -17,10 +17,10 @@
 // 2 d/32 + k + 1 roundings, which the caller bounds (Screen4Bound). The rows come in panels of 16
 // (runtime.kernels.screen4_panels: the layout), one byte stream, ~0.69 bytes per weight at n = 32.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include "int16_screen.h"
+#include "pool.h"
 #include "simd_avx512.h"
 
 #include <algorithm>
@@ -166,7 +166,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> screen4_gemv(torch::Tens
   const Panels p{packed.data_ptr<uint8_t>(), panel_bytes, group_bytes, n, G, k, V};
   auto y = torch::empty({B, V}, h.options());
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, packed.size(0), 16, [&](int64_t begin, int64_t end) {
+  sv_pool::parallel_for(packed.size(0), 16, [&](int64_t begin, int64_t end) {
     for (int64_t b0 = 0; b0 < B; b0 += kBatch4) {
       const int64_t count = std::min<int64_t>(kBatch4, B - b0);
       if (vnni) panels_batch<true, kBatch4>(count, p, prepared.data() + b0, begin, end, yp + b0 * V);

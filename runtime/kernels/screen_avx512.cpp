@@ -12,10 +12,10 @@
 #pragma GCC optimize("fp-contract=fast")
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include "int16_screen.h"
+#include "pool.h"
 #include "prefetch.h"
 #include "simd_avx512.h"
 
@@ -155,14 +155,14 @@ torch::Tensor screen_gemv(torch::Tensor q, torch::Tensor scales, torch::Tensor h
   const float* hp = h.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // Blocks of rows outer, batch inner: each weight row streams from memory once for the whole batch.
-  // at::parallel_for shares torch's thread pool (a second OpenMP runtime would fight it for cores).
-  at::parallel_for(0, V, 256, [&](int64_t begin, int64_t end) {  // 256 rows: body projections split across threads too
+  // 256-row chunks: whole kRows and row-pair steps, so no row takes the one-row path a chunk's end would give.
+  sv_pool::parallel_for(V, 256, [&](int64_t begin, int64_t end) {
     if (G == 1 && B > 1) {  // several hidden states: convert each int8 row pair once per pass
       int64_t i = begin;
       for (; i + 2 <= end; i += 2) {
         for (int64_t b0 = 0; b0 < B; b0 += kMaxBatch) {
           const int64_t count = std::min(kMaxBatch, B - b0);
-          rows2_per_row_batch(qp + i * d, sp + i, hp + b0 * d, d, count, b0 == 0 && i + kPrefetchRows + 2 <= end, yp + b0 * V + i, V);
+          rows2_per_row_batch(qp + i * d, sp + i, hp + b0 * d, d, count, b0 == 0 && i + kPrefetchRows + 2 <= V, yp + b0 * V + i, V);
         }
       }
       for (; i < end; ++i) {
