@@ -28,7 +28,7 @@ import torch
 
 from runtime.checks import first_surrogate, require, require_count
 from runtime.decode import TokenStream
-from runtime.kernels import set_adaptive_threads
+from runtime.kernels import kernel_name, set_kernel_threads
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
@@ -44,16 +44,21 @@ MAX_CHARS_PER_TOKEN = 64
 
 
 def set_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads (the kernels' too) and return the count.
+    """Set the decoding threads and return their count.
 
     `threads`: 1 up to the cores this process may run on, used in every parallel region; None: every
     one of those cores, the kernels leaving the extra ones alone while measured regions show they do
     not pay (another process holds a core: docs/contention.md). Outputs are the same bits either way.
+
+    The compiled kernels run on their own pool; torch's ops between them (and prefill's attention) run
+    on one thread, as its OpenMP workers split each op statically and spin after it on the core the
+    pool's worker needs (docs/contention.md). Without compiled kernels, torch's ops are the model: they
+    get the count, as does the transformers backend's forward.
     """
     cores = usable_cores()
     count = cores if threads is None else require_count("threads", threads, 1, cores, " (the cores this process may use)")
-    torch.set_num_threads(count)
-    set_adaptive_threads(threads is None)
+    set_kernel_threads(count, threads is None)
+    torch.set_num_threads(1 if kernel_name() != "torch" else count)
     return count
 
 
@@ -286,7 +291,7 @@ class Engine:
         from runtime.bench.perplexity import perplexity
         from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
-        from runtime.kernels import kernel_name, thread_stats
+        from runtime.kernels import decode_threads, kernel_name, thread_stats
 
         max_new_tokens, seed = _check_counts(max_new_tokens, seed)
         require(isinstance(chat, bool), "chat", "True or False", chat)
@@ -315,7 +320,7 @@ class Engine:
                 "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
-                "threads": torch.get_num_threads(), "adaptive_threads": bool(thread_stats().get("adaptive")),
+                "threads": decode_threads(), "adaptive_threads": bool(thread_stats().get("adaptive")),
                 "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
                 "energy_counters": meter.description, **_llamacpp_builds(built), **provenance(),

@@ -22,6 +22,7 @@ import time
 import torch
 
 from runtime.decode import TokenStream
+from runtime.kernels import decode_threads
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats
 
@@ -115,7 +116,7 @@ class LlamaCppDecoder:
 
     def __init__(self, gguf_path, eos_token_ids: frozenset[int], context: int = 4096, threads: int | None = None,
                  lookup_tokens: int | None = None) -> None:
-        self.threads = threads or torch.get_num_threads()
+        self.threads = threads or decode_threads()
         self.llama = load_llama(gguf_path, context, self.threads, lookup_tokens)
         self.eos_token_ids = eos_token_ids
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from runtime.decode import TokenStream
+from runtime.kernels import decode_threads
 from runtime.llamacpp import LlamaCppUnavailable, features_line
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats
@@ -97,7 +98,7 @@ class LlamaServerDecoder:
         if gguf_path is None:
             raise LlamaCppUnavailable("method llamacpp:bin decodes a .gguf file and this model has none (an HF directory)")
         binary = binary or find_server()
-        self.threads = threads or torch.get_num_threads()
+        self.threads = threads or decode_threads()
         self.eos_token_ids = eos_token_ids
         self.url = f"http://127.0.0.1:{_free_port()}"
         log_dir = tempfile.TemporaryDirectory(prefix="specvocab-llama-server-")

@@ -17,6 +17,7 @@ import torch
 from artifact_factories import CLUSTER_PARAMS, VERSION, cluster_tensors, make_model
 from artifacts import Artifact, Stage
 from factories import TINY_LLAMA, TinyHead, in_user_cache, make_tiny_head, real_texts
+from runtime.kernels import set_kernel_threads
 from runtime.models.cache import CACHE_ENV
 
 REAL_MODEL = "gemma3-270m"
@@ -32,10 +33,7 @@ REAL_MAX_TOKENS_PER_TEXT = 256
 # the dynamic split is what such a run checks.
 TEST_THREADS = int(os.environ.get("SPECVOCAB_TEST_THREADS", "1"))
 torch.set_num_threads(TEST_THREADS)
-if TEST_THREADS > 1:
-    from runtime.kernels import set_adaptive_threads
-
-    set_adaptive_threads(False)
+set_kernel_threads(TEST_THREADS, adaptive=False)
 
 
 @pytest.fixture(params=[False, True], ids=["no-bias", "bias"])

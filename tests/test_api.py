@@ -7,8 +7,10 @@ import threading
 import pytest
 import torch
 
-from factories import tiny_engine
+from factories import threads_restored, tiny_engine
 from runtime import api
+from runtime.kernels import decode_threads
+from runtime.kernels.build import usable_cores
 from runtime.decode import generate_ar
 from runtime.methods import parse_method
 from runtime.sampling import SamplingParams
@@ -88,11 +90,8 @@ def test_bench_puts_ar_first_and_reports_identity_and_peak_rss(engine):
 
 
 def test_set_threads():
-    before = torch.get_num_threads()
-    try:
-        assert api.set_threads(1) == 1 and torch.get_num_threads() == 1
-        assert api.set_threads() >= 1
+    with threads_restored():
+        assert api.set_threads(1) == 1 == decode_threads()
+        assert api.set_threads() == usable_cores() == decode_threads()
         with pytest.raises(ValueError, match="the cores this process may use"):
             api.set_threads(100_000)  # more threads than cores only stall each other
-    finally:
-        torch.set_num_threads(before)

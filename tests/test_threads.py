@@ -16,10 +16,11 @@ from gguf import GGMLQuantizationType as T
 
 from runtime import api
 from runtime.bench.contention import busy_loops
-from runtime.kernels import (attend, kernel_name, linear, quant_linear_parts, rms_norm, screen_gemv, screen_gemv_int16,
-                             set_adaptive_threads, take_rows, thread_stats)
+from runtime.kernels.build import usable_cores
+from runtime.kernels import (attend, decode_threads, kernel_name, linear, quant_linear_parts, rms_norm, screen_gemv, screen_gemv_int16,
+                             set_kernel_threads, take_rows, thread_stats, torch_threads)
 
-from factories import random_matrix
+from factories import random_matrix, threads_restored
 
 THREAD_COUNTS = (2, 3)  # 3 on a 2-core machine too: more threads than cores is where a thread is descheduled
 REPEATS = 6
@@ -29,15 +30,10 @@ pytestmark = pytest.mark.skipif(kernel_name() == "torch", reason="SPECVOCAB_KERN
 
 @contextmanager
 def workers_in_every_region(threads: int):
-    """`threads` torch threads, the pool's fallback off; both restored afterwards."""
-    before, adaptive = torch.get_num_threads(), bool(thread_stats()["adaptive"])
-    torch.set_num_threads(threads)
-    set_adaptive_threads(False)
-    try:
+    """The pool at `threads` threads, its fallback off; restored afterwards."""
+    with threads_restored():
+        set_kernel_threads(threads, adaptive=False)
         yield
-    finally:
-        torch.set_num_threads(before)
-        set_adaptive_threads(adaptive)
 
 
 def assert_thread_independent(compute) -> None:
@@ -94,15 +90,24 @@ def test_int8_screens(groups: int) -> None:
 
 
 def test_the_default_thread_count_stands_down_and_a_chosen_one_does_not() -> None:
-    before, adaptive = torch.get_num_threads(), bool(thread_stats()["adaptive"])
-    try:
+    with threads_restored():
         api.set_threads()
         assert thread_stats()["adaptive"] == 1
         api.set_threads(1)
         assert thread_stats()["adaptive"] == 0
-    finally:
-        torch.set_num_threads(before)
-        set_adaptive_threads(adaptive)
+
+
+def test_torch_ops_run_on_one_thread_beside_the_pool() -> None:
+    """The kernels' pool gets the count; torch's ops between kernels one thread (its OpenMP workers
+    spin after each op on the core the pool's worker needs: docs/contention.md)."""
+    with threads_restored():
+        assert api.set_threads(1) == 1 == decode_threads() == thread_stats()["threads"]
+        assert torch.get_num_threads() == 1
+        assert api.set_threads() == usable_cores() == decode_threads() == thread_stats()["threads"]
+        assert torch.get_num_threads() == 1
+        with torch_threads(usable_cores()):  # a forward of torch's own ops (prefill attention, the transformers backend)
+            assert torch.get_num_threads() == usable_cores()
+        assert torch.get_num_threads() == 1
 
 
 def test_busy_loops_run_beside_the_block_and_always_stop() -> None:

@@ -8,6 +8,7 @@ import inspect
 import torch
 
 from runtime.backends.base import check_truncation
+from runtime.kernels import decode_threads, torch_threads
 
 
 class TransformersCache:
@@ -82,8 +83,9 @@ class TransformersTarget:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: TransformersCache) -> torch.Tensor:
-        """Append tokens [T] to the cache and return final-normed hidden states [T, d]."""
-        out = self.body(input_ids=tokens.view(1, -1), use_cache=True, **{self._cache_keyword: cache.inner})
+        """Append tokens [T] to the cache and return final-normed hidden states [T, d] (torch's ops, on the decoding threads)."""
+        with torch_threads(decode_threads()):
+            out = self.body(input_ids=tokens.view(1, -1), use_cache=True, **{self._cache_keyword: cache.inner})
         cache.length += tokens.numel()
         return out.last_hidden_state[0]
 

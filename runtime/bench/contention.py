@@ -14,13 +14,14 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
 
 from runtime.kernels import thread_stats
 from runtime.method_builders import Method
+from runtime.method_spec import MethodSpec
 from runtime.sampling import SamplingParams
 
 BUSY_LOOP = "while True: pass"
@@ -60,20 +61,24 @@ class Cell:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def run_contention(methods: list[Method], prompts: list[torch.Tensor], max_new_tokens: int, settings: list[str],
-                   loads: list[int], set_threads, seed: int = 0, warmup_tokens: int = 8) -> list[Cell]:
+def run_contention(specs: list[MethodSpec], build: Callable[[MethodSpec], Method], prompts: list[torch.Tensor],
+                   max_new_tokens: int, settings: list[str], loads: list[int], set_threads, seed: int = 0,
+                   warmup_tokens: int = 8) -> list[Cell]:
     """Every (method, setting) on every prompt, the order rotated per prompt, once per background load.
 
-    settings: DEFAULT or a thread count as text; set_threads(None | int) applies one (runtime.api.set_threads).
-    Greedy decoding: every cell's tokens must equal the first cell's (threads never change outputs).
+    build(spec) gives a new Method: each (load, method, setting) decodes with its own, as a drafter
+    that remembers its session (lookup) would otherwise draft a prompt's output from another setting's
+    run of the same prompt. settings: DEFAULT or a thread count as text; set_threads(None | int)
+    applies one (runtime.api.set_threads). Greedy decoding: every cell's tokens must equal the first
+    cell's (threads never change outputs).
     """
-    combos = [(m, s) for m in methods for s in settings]
     cells: list[Cell] = []
-    bar = tqdm(total=len(loads) * len(prompts) * len(combos), desc="bench-threads", unit="run", file=sys.stderr)
+    bar = tqdm(total=len(loads) * len(prompts) * len(specs) * len(settings), desc="bench-threads", unit="run", file=sys.stderr)
     params = SamplingParams()
     try:
         for load in loads:
             with busy_loops(load):
+                combos = [(build(spec), s) for spec in specs for s in settings]
                 here = {(m.name, s): Cell(load, m.name, s) for m, s in combos}
                 for method, setting in combos:  # warm-up: kernels built, caches touched, at this load
                     set_threads(None if setting == DEFAULT else int(setting))

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from runtime.kernels import (QuantMatrix, has_screen4_kernel, kernel_name, linear, pack_screen4, screen4_gemv, screen_gemv,
+from runtime.kernels import (QuantMatrix, decode_threads, has_screen4_kernel, kernel_name, linear, pack_screen4, screen4_gemv, screen_gemv,
                              screen_gemv_int16)
 from runtime.kernels.quant import dequantize
 
@@ -71,7 +71,7 @@ def _ort_matmul_nbits(weight: torch.Tensor, accuracy_level: int, block: int = 32
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10  # onnxruntime reads IR <= 10..13 depending on version; 10 is safe
     options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
+    options.intra_op_num_threads = decode_threads()
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return lambda h: torch.from_numpy(session.run(None, {"A": h.numpy()})[0])
 

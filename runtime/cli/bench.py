@@ -13,7 +13,7 @@ from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.checks import comma_items, is_digits
 from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
-from runtime.kernels import SKINNY_MAX_ROWS
+from runtime.kernels import SKINNY_MAX_ROWS, decode_threads
 from runtime.method_spec import BOUNDS
 from runtime.methods import methods_help
 
@@ -297,7 +297,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     label = f"csv:{bound}" if head_kind == "csv" else "full"
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
     report = [f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
-              f"{torch.get_num_threads()} threads, median of {repeats}",
+              f"{decode_threads()} threads, median of {repeats}",
               markdown_rows(rows, columns),
               "best gamma with a free drafter (n-gram): " + ", ".join(
                   f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items())]
@@ -313,7 +313,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
 
         record = {"command": "runtime bench-verify " + " ".join(sys.argv[2:]),
                   "setup": {"model": session.model.info.name, "backend": session.target.name, "head": label,
-                            "context": context, "repeats": repeats, "threads": torch.get_num_threads(),
+                            "context": context, "repeats": repeats, "threads": decode_threads(),
                             "prompts": prompt_source, **provenance()},
                   "rows": rows,
                   "tree_rows": tree_rows,

@@ -62,6 +62,7 @@ def bench_threads(artifact, methods, settings, load_text, prompt_source, num_pro
     from runtime.bench.contention import markdown, rows, run_contention
     from runtime.bench.provenance import provenance
     from runtime.data import load_prompts
+    from runtime.method_builders import build_method
 
     # Every check before the model loads.
     setting_list, load_list = thread_settings(settings), loads(load_text)
@@ -71,10 +72,10 @@ def bench_threads(artifact, methods, settings, load_text, prompt_source, num_pro
     texts = load_prompts(prompt_source, num_prompts)
     engine = api.load(artifact)
     specs = [spec or engine.default_method() for spec in parsed.values()]
-    built = [engine.method(spec) for spec in specs]
     ids = [engine.encode(text) for text in texts]
     started_load = os.getloadavg()
-    cells = run_contention(built, ids, max_new_tokens, setting_list, load_list, api.set_threads)
+    cells = run_contention(specs, lambda spec: build_method(engine.session, spec), ids, max_new_tokens, setting_list,
+                           load_list, api.set_threads)
     table = rows(cells)
     record = {"command": "runtime bench-threads " + " ".join(sys.argv[2:]),
               "setup": {"model": engine.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,

@@ -6,9 +6,9 @@ import sys
 from dataclasses import replace
 
 import click
-import torch
 
 from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.kernels import decode_threads
 from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
 from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
 from runtime.speculative import MAX_GAMMA
@@ -142,7 +142,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     speed = f"{stats.tokens_per_s:.2f} tok/s decode" if stats.decode_tokens else "no decode step: the prefill gave it"
     click.echo(
         f"[{label}] {count}, {speed} ({ran_on}, "
-        f"{torch.get_num_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s{head}",
+        f"{decode_threads()} thread(s)), prefill {stats.seconds_prefill:.2f} s{head}",
         err=True,
     )
     if stats.spec is not None and stats.decode_tokens:  # a one-token run verified no draft

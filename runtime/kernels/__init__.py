@@ -7,6 +7,9 @@ torch.equal to `linear(x, dequantize(q))`. The compiled path is chosen in `build
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from runtime.kernels.build import active, cpu_flags
@@ -35,16 +38,34 @@ def paying_drafts() -> int | None:
     return PAYING_DRAFTS.get(kernel_name())
 
 
-def set_adaptive_threads(adaptive: bool) -> None:
-    """Whether the kernels' worker threads stand down while they do not pay (pool.h's Fallback).
+def set_kernel_threads(threads: int, adaptive: bool) -> None:
+    """The threads of every kernel region (the caller's included), and whether the workers stand down.
 
-    True for the default thread count: when measured regions show a core taken by another process,
-    regions run on the calling thread alone for a while, then the workers are tried again. False for a
-    count the user chose: every region uses every thread. Results are the same bits either way.
+    The kernels run on their own pool (pool.h), not torch's OpenMP threads. `adaptive` (the default
+    thread count): when measured regions show a core taken by another process, regions run on the
+    calling thread alone for a while, then the workers are tried again (pool.h's Fallback). False, for
+    a count the user chose: every region uses every thread. Results are the same bits either way.
     """
     ext = active()[1]
     if ext is not None:
-        ext.set_adaptive_threads(adaptive)
+        ext.set_threads(threads, adaptive)
+
+
+def decode_threads() -> int:
+    """The threads decoding uses: the kernels' pool's count (torch's own count without compiled kernels)."""
+    ext = active()[1]
+    return int(ext.thread_stats()["threads"]) if ext is not None else torch.get_num_threads()
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads at `count` inside the block (a backend whose forward is torch's own ops)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def thread_stats() -> dict[str, int]:
@@ -244,7 +265,9 @@ __all__ = [
     "screen_gemv_int16",
     "screen_radius",
     "screen_select",
-    "set_adaptive_threads",
+    "decode_threads",
+    "set_kernel_threads",
+    "torch_threads",
     "take_rows",
     "thread_stats",
     "unpack_int4",

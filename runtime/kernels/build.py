@@ -53,8 +53,8 @@ _CPU_NEEDS = {
     "portable": frozenset(),
 }
 # -ffp-contract=off: GCC would otherwise fuse the intrinsics' d * q + m into one FMA, which rounds
-# differently from gguf-py's two float32 operations. -fopenmp: ATen's parallel headers (at::get_num_threads).
-_COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
+# differently from gguf-py's two float32 operations. No -fopenmp: the kernels' regions run on their own pool (pool.h).
+_COMMON_FLAGS = ("-O3", "-ffp-contract=off")
 BUILT_MARKER = "built.ok"  # in a build folder: its .so is complete
 
 
@@ -171,7 +171,6 @@ def _compile(path: str, name: str, build_dir: Path) -> ModuleType:
             sources=[str(_HERE / s) for s in _SOURCES[path]],
             extra_include_paths=[str(_HERE)],
             extra_cflags=[*_ISA_FLAGS[path], *_COMMON_FLAGS],
-            extra_ldflags=["-fopenmp"],
             build_directory=str(work),
             verbose=False,
         )

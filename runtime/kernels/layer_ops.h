@@ -278,7 +278,7 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
   const int64_t group = heads / kv;
   // Work items: (query t, kv head, a chunk of its query heads); chunks small enough that every thread gets items.
   int64_t chunk = std::min(group, heads_per_pass(hd));
-  while (chunk > 1 && count * kv * ((group + chunk - 1) / chunk) < 2 * at::get_num_threads()) chunk = (chunk + 1) / 2;
+  while (chunk > 1 && count * kv * ((group + chunk - 1) / chunk) < 2 * sv_pool::instance()->threads()) chunk = (chunk + 1) / 2;
   const int64_t chunks = (group + chunk - 1) / chunk;
   sv_pool::parallel_for(count * kv * chunks, std::max<int64_t>(1, 32768 / (most * hd * chunk)), [&](int64_t begin, int64_t stop) {
     std::vector<float> p(chunk * most);  // scores, then weights, of the chunk's heads: [chunk, most]

@@ -5,7 +5,9 @@
 // every share; a decode step is hundreds of regions, so when another process holds one core every
 // region waits for the thread queued behind it (gemma3-270m: 3 tok/s at two threads, 45 at one).
 // Here a worker that is not running claims nothing and delays nothing; one that is descheduled
-// mid-chunk delays only that chunk's region.
+// mid-chunk delays only that chunk's region. The pool has its own thread count (set_threads): torch's
+// ops between the kernels run on one thread (runtime.api.set_threads), since torch's OpenMP workers
+// spin after each op on the core this pool's worker needs.
 //
 // Invariants (kernels rely on the first, the pool on the rest):
 // - A region runs body(c) exactly once for every c in [0, chunks). Which thread runs a chunk, and in
@@ -21,20 +23,23 @@
 //   while a region is open runs its chunks itself, in order.
 #pragma once
 
-#include <ATen/Parallel.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 // Named, not anonymous: the .cpp files of one module share one pool (inline functions, one definition).
 namespace sv_pool {
@@ -49,69 +54,85 @@ inline void cpu_relax() {
 #endif
 }
 
-// Decides, from measured regions, whether the workers pay. A parallel region's cost is its wall
-// time; the caller alone would have taken about its own busy time x chunks / the chunks it ran. When
-// the workers' regions took more than kPays of that over a window, a core is taken (a worker stalls
-// regions or never runs): regions run on the caller alone for a backoff, then a probe window tries the
+// Decides whether the workers pay, from the time they spend runnable but not running: the run-queue
+// wait the kernel keeps per thread (/proc/self/task/TID/schedstat). On a quiet machine a worker that
+// is awake gets its core at once; when another process holds a core, the caller, the worker and that
+// process share two cores and the worker waits about a third of its time, stalling every region whose
+// chunk it holds; a quiet machine's own chatter (kernel threads, a shell) costs a few percent, measured
+// at 3-4 % here. Over each window of kWindow seconds with the workers in use: when they waited more
+// than kTaken of it, regions run on the caller alone for a backoff, then a probe window tries the
 // workers again; the backoff doubles after each failed probe (a busy machine pays a probe rarely) and
 // resets after a good one (a machine that turns quiet gets its second core back within kMaxBackoff).
+// A cause, not an effect: comparing a region's time with the caller's alone estimate also condemned
+// regions bound by memory bandwidth, and a window of them stood the workers down for every kernel.
 class Fallback {
  public:
-  static constexpr double kWindow = 0.004;      // seconds of parallel regions per decision
-  static constexpr int kWarmupRegions = 2;      // regions not measured after the workers may have slept
-  static constexpr double kPays = 0.9;          // keep the workers while regions take <= 90 % of the caller's alone
+  static constexpr double kWindow = 0.02;       // seconds of decoding per decision
+  static constexpr double kTaken = 0.15;        // the workers' run-queue wait, as a share of the window, that stands them down
   static constexpr double kMinBackoff = 0.05;   // seconds alone after a failed window
   static constexpr double kMaxBackoff = 1.0;
 
   bool enabled = true;  // false: an explicit thread count, always parallel
 
-  // Whether the region starting `now` should use the workers.
-  bool parallel(Clock::time_point now) {
-    if (!enabled || !alone_) return true;
-    if (now < alone_until_) return false;
-    alone_ = false;  // a probe window
-    ++probes_;
-    actual_ = alone_estimate_ = 0.0;
-    warm_up();
-    return true;
-  }
-
-  // A parallel region that took `actual` seconds, which the caller alone would have run in ~`alone`.
-  void record(double actual, double alone, Clock::time_point now) {
-    if (!enabled) return;
-    if (skip_ > 0) {
-      --skip_;
-      return;
+  // Whether the region starting `now` should use the workers; `waited()` reads their run-queue wait (seconds).
+  template <class Waited>
+  bool parallel(Clock::time_point now, Waited&& waited) {
+    if (!enabled) return true;
+    if (alone_) {
+      if (now < alone_until_) return false;
+      alone_ = false;  // a probe window
+      ++probes_;
+      window_open_ = false;
     }
-    actual_ += actual;
-    alone_estimate_ += alone;
-    if (actual_ < kWindow) return;
-    if (actual_ > kPays * alone_estimate_) {
-      alone_ = true;
-      ++fallbacks_;
-      alone_until_ = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(backoff_));
-      backoff_ = std::min(kMaxBackoff, 2 * backoff_);
-    } else {
+    if (!window_open_) {
+      window_open_ = true;
+      window_start_ = now;
+      waited_at_start_ = waited();
+      return true;
+    }
+    const double span = seconds(now - window_start_);
+    if (span < kWindow) return true;
+    const double share = (waited() - waited_at_start_) / span;
+    window_open_ = false;
+    if (share <= kTaken) {
       backoff_ = kMinBackoff;
+      return true;
     }
-    actual_ = alone_estimate_ = 0.0;
+    alone_ = true;
+    ++fallbacks_;
+    alone_until_ = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(backoff_));
+    backoff_ = std::min(kMaxBackoff, 2 * backoff_);
+    return false;
   }
-
-  // The workers may be asleep: the next kWarmupRegions regions are not measured (they are waking up).
-  // A count, not a time: a loop whose Python gaps outlast a worker's spin would never leave a time span.
-  void warm_up() { skip_ = kWarmupRegions; }
 
   bool alone() const { return enabled && alone_; }
   int64_t fallbacks() const { return fallbacks_; }
   int64_t probes() const { return probes_; }
 
  private:
-  bool alone_ = false;
-  Clock::time_point alone_until_{};
-  int skip_ = 0;
-  double actual_ = 0.0, alone_estimate_ = 0.0, backoff_ = kMinBackoff;
+  bool alone_ = false, window_open_ = false;
+  Clock::time_point alone_until_{}, window_start_{};
+  double waited_at_start_ = 0.0, backoff_ = kMinBackoff;
   int64_t fallbacks_ = 0, probes_ = 0;
 };
+
+// Seconds thread `tid` of this process has waited on a run queue (0 where the kernel does not say).
+inline double run_queue_wait(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", static_cast<int>(tid));
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return 0.0;
+  unsigned long long ran = 0, waited = 0;
+  const int got = std::fscanf(f, "%llu %llu", &ran, &waited);
+  std::fclose(f);
+  return got == 2 ? waited * 1e-9 : 0.0;
+}
+
+// The cores this process may run on (its affinity mask): the default thread count.
+inline int64_t usable_cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+}
 
 class Pool {
  public:
@@ -119,46 +140,47 @@ class Pool {
   static constexpr auto kIdleSpin = std::chrono::milliseconds(2);     // a worker spins this long, then sleeps
   static constexpr auto kWaitSpin = std::chrono::microseconds(20);    // the caller spins, then yields, for stragglers
 
-  Pool() = default;
+  Pool() : threads_(usable_cores()) {}
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
-  // body(c) for every c in [0, chunks), on up to at::get_num_threads() threads (this one included).
+  // body(c) for every c in [0, chunks), on up to threads() threads (this one included).
   template <class F>
   void run(int64_t chunks, F&& body) {
     if (chunks <= 1 || in_region()) return alone(chunks, body);  // in_region first: run_mutex_ may be ours
-    const int64_t threads = at::get_num_threads();
+    const int64_t threads = threads_.load(std::memory_order_relaxed);
     std::unique_lock<std::mutex> caller(run_mutex_, std::try_to_lock);
     if (threads <= 1 || !caller.owns_lock()) return alone(chunks, body);
-    const auto start = Clock::now();
-    if (!fallback_.parallel(start)) {
+    if (!fallback_.parallel(Clock::now(), [&] { return workers_waited(); })) {
       ++regions_alone_;
       return alone(chunks, body);
     }
-    if (start - last_parallel_ > kIdleSpin) fallback_.warm_up();  // the workers may be asleep
     ++regions_parallel_;
     ensure_workers(threads - 1);
     publish(chunks, &call<std::remove_reference_t<F>>, &body);
     in_region() = true;
-    const int64_t mine = take_chunks(epoch_of(ticket_.load(std::memory_order_relaxed)));
-    const auto exhausted = Clock::now();
+    take_chunks(epoch_of(ticket_.load(std::memory_order_relaxed)));
     await_finished(chunks);
     in_region() = false;
-    const auto end = last_parallel_ = Clock::now();
-    fallback_.record(seconds(end - start), mine > 0 ? seconds(exhausted - start) * chunks / mine : seconds(end - start), end);
     rethrow();
   }
 
-  // Keeps what the fallback measured when the setting does not change (a bench sets it before every run).
-  void set_adaptive(bool adaptive) {
+  // The threads a region may use (this one included), and whether the fallback may stand the workers
+  // down. Keeps what the fallback measured when the setting does not change (a bench sets it before
+  // every run).
+  void set_threads(int64_t threads, bool adaptive) {
     std::lock_guard<std::mutex> caller(run_mutex_);
+    threads_.store(std::max<int64_t>(1, threads), std::memory_order_relaxed);
     fallback_.enabled = adaptive;
   }
+
+  int64_t threads() const { return threads_.load(std::memory_order_relaxed); }
 
   // Counters for the bench's record and the tests.
   std::map<std::string, int64_t> stats() {
     std::lock_guard<std::mutex> caller(run_mutex_);
-    return {{"workers", workers_}, {"regions_parallel", regions_parallel_},
+    return {{"threads", threads_.load(std::memory_order_relaxed)}, {"workers", workers_},
+            {"regions_parallel", regions_parallel_},
             {"regions_alone", regions_alone_}, {"fallbacks", fallback_.fallbacks()}, {"probes", fallback_.probes()},
             {"adaptive", fallback_.enabled}, {"alone_now", fallback_.alone()}};
   }
@@ -199,17 +221,16 @@ class Pool {
     }
   }
 
-  // Claims and runs chunks of region `epoch` until none is left; returns how many this thread ran.
-  int64_t take_chunks(uint32_t epoch) {
-    int64_t ran = 0;
+  // Claims and runs chunks of region `epoch` until none is left.
+  void take_chunks(uint32_t epoch) {
     for (;;) {
       uint64_t t = ticket_.load(std::memory_order_acquire);
-      if (epoch_of(t) != epoch) return ran;
+      if (epoch_of(t) != epoch) return;
       const Call fn = call_.load(std::memory_order_relaxed);
       void* body = body_.load(std::memory_order_relaxed);
       const int64_t chunks = chunks_.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);  // the seqlock's reader side: the CAS re-checks
-      if (static_cast<int64_t>(next_of(t)) >= chunks) return ran;  // kBusy too
+      if (static_cast<int64_t>(next_of(t)) >= chunks) return;  // kBusy too
       if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
       try {
         fn(body, static_cast<int64_t>(next_of(t)));
@@ -218,7 +239,6 @@ class Pool {
         if (!error_) error_ = std::current_exception();
       }
       finished_.fetch_add(1, std::memory_order_release);
-      ++ran;
     }
   }
 
@@ -254,8 +274,20 @@ class Pool {
     }
   }
 
+  // Seconds the workers have waited on a run queue (the fallback's measure).
+  double workers_waited() {
+    std::lock_guard<std::mutex> lock(tids_mutex_);
+    double total = 0.0;
+    for (const pid_t tid : tids_) total += run_queue_wait(tid);
+    return total;
+  }
+
   // A worker: takes chunks of each new region while it is one of the helpers; sleeps while it is not.
   void work(int64_t index) {
+    {
+      std::lock_guard<std::mutex> lock(tids_mutex_);
+      tids_.push_back(static_cast<pid_t>(syscall(SYS_gettid)));
+    }
     in_region() = true;
     uint32_t seen = epoch_of(ticket_.load(std::memory_order_acquire));
     for (;;) {
@@ -291,12 +323,13 @@ class Pool {
   std::atomic<void*> body_{nullptr};
   std::atomic<int64_t> chunks_{0};
   std::atomic<int64_t> helpers_{0};
+  std::atomic<int64_t> threads_;
   std::atomic<int> sleepers_{0};
-  std::mutex sleep_mutex_, run_mutex_, error_mutex_;
+  std::mutex sleep_mutex_, run_mutex_, error_mutex_, tids_mutex_;
+  std::vector<pid_t> tids_;  // the workers' thread ids
   std::condition_variable wake_, resize_;
   std::exception_ptr error_;
   Fallback fallback_;  // this and the fields below: only the caller holding run_mutex_
-  Clock::time_point last_parallel_{};
   int64_t workers_ = 0, regions_parallel_ = 0, regions_alone_ = 0;
 };
 

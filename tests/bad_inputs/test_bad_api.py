@@ -11,8 +11,9 @@ import re
 import pytest
 import torch
 
-from factories import tiny_engine
+from factories import threads_restored, tiny_engine
 from runtime import api
+from runtime.kernels import decode_threads
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import build_method
 from runtime.sampling import SamplingParams
@@ -177,16 +178,13 @@ def test_a_method_that_is_neither_a_name_nor_a_method_spec(engine, method):
 @pytest.mark.parametrize("threads", [0, -1, 1.5, True, usable_cores() + 1],
                          ids=["0", "negative", "fraction", "bool", "above-cores"])
 def test_bad_thread_counts(threads):
-    before = torch.get_num_threads()
+    before = (decode_threads(), torch.get_num_threads())
     with pytest.raises(ValueError) as error:
         api.set_threads(threads)
     assert f"threads must be an integer in 1..{usable_cores()} (the cores this process may use)" in one_line(error)
-    assert torch.get_num_threads() == before
+    assert (decode_threads(), torch.get_num_threads()) == before
 
 
 def test_no_thread_count_means_every_core():
-    before = torch.get_num_threads()
-    try:
-        assert api.set_threads(None) == usable_cores() == torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
+    with threads_restored():
+        assert api.set_threads(None) == usable_cores() == decode_threads()
