@@ -35,5 +35,5 @@ def test_real_answers_under_load_equal_their_runs_alone(gemma_session, sampling)
         scheduler.start()
         for thread in threads:
             thread.join()
-        assert scheduler.metrics.peak_batch_size == len(bodies)
+        assert scheduler.metrics.peak_batch_size == scheduler.metrics.peak_fused == len(bodies)
     assert [a["choices"][0]["token_ids"] for a in answers] == expected
