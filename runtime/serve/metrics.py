@@ -25,20 +25,23 @@ class Metrics:
         self.forwards = 0  # fused target forwards (one per step that had rows to feed)
         self.forward_rows = 0  # rows those forwards fed, every request's together
         self.peak_fused = 0  # the most requests whose rows shared one forward
+        self.forward_seconds = 0.0  # time in those forwards (the rest of a step: the requests' own turns)
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent scheduler steps
 
     def responded(self, status: int) -> None:
         with self._lock:
             self.responses[status] += 1
 
-    def step(self, tokens: int, queue_length: int, batch_size: int, rows: int = 0, fused: int = 0) -> None:
+    def step(self, tokens: int, queue_length: int, batch_size: int, rows: int = 0, fused: int = 0,
+             forward_s: float = 0.0) -> None:
         """One scheduler step: tokens it produced, the queue and batch after it, and the rows its forward
-        fed for how many requests."""
+        fed for how many requests, in how many seconds."""
         now = time.monotonic()
         with self._lock:
             self.forwards += rows > 0
             self.forward_rows += rows
             self.peak_fused = max(self.peak_fused, fused)
+            self.forward_seconds += forward_s
             self.completion_tokens += tokens
             self.queue_length, self.batch_size = queue_length, batch_size
             self.peak_batch_size = max(self.peak_batch_size, batch_size)
@@ -77,6 +80,8 @@ class Metrics:
                 ("forwards_total", "counter", "Fused target forwards (one per scheduler step with rows to feed).",
                  [("", self.forwards)]),
                 ("forward_rows_total", "counter", "Rows those forwards fed, all requests' together.", [("", self.forward_rows)]),
+                ("forward_seconds_total", "counter", "Seconds in those forwards (the rest: the requests' heads, "
+                 "drafters and sampling).", [("", round(self.forward_seconds, 6))]),
                 ("forward_requests_peak", "gauge", "The most requests whose rows shared one forward so far.",
                  [("", self.peak_fused)]),
                 ("drafted_tokens_total", "counter", "Draft tokens verified (speculative methods).", [("", self.drafted)]),

@@ -255,8 +255,9 @@ class Scheduler:
                     self._active.remove(sequence)
                     sequence.close()
         waiting = [s.waiting for s in self._active if s.waiting is not None and not s.waiting.done]
+        started = time.perf_counter()
         rows, fused = run_step(waiting) if waiting else (0, 0)
-        self.metrics.step(produced, self._pending, len(self._active), rows, fused)
+        self.metrics.step(produced, self._pending, len(self._active), rows, fused, time.perf_counter() - started)
 
     def _advance(self, sequence: Sequence) -> list[Event]:
         """sequence.advance(), with an error turned into a Failed for its client (an unexpected one logged here)."""
