@@ -52,6 +52,7 @@ def _load(engine, url: str, scheduler, others: int, extra: dict) -> list[dict]:
     poster.join()
     assert scheduler.metrics.peak_batch_size == len(bodies)  # they really ran together
     assert scheduler.metrics.peak_fused == len(bodies)  # in one forward
+    assert scheduler.metrics.peak_head_fused == len(bodies)  # and one head call
     return answers
 
 

@@ -53,3 +53,26 @@ def test_a_fiber_never_resumed_closes_without_a_thread():
     fiber = Fiber(lambda suspend: None)
     fiber.close()
     assert fiber.done and fiber._thread is None
+
+
+def test_row_calls_on_one_fn_run_once_over_their_rows_and_split_back():
+    import torch
+
+    from runtime.rowwise import RowCall, run_calls
+
+    seen = []
+
+    def double(x):
+        seen.append(x.shape[0])
+        return x * 2, x.sum(dim=1)
+
+    def fail(x):
+        raise ValueError("bad rows")
+
+    calls = [RowCall(double, torch.ones(2, 3)), RowCall(double, torch.full((1, 3), 3.0)), RowCall(fail, torch.ones(1, 3))]
+    assert sorted(run_calls(calls)) == [1, 2] and seen == [3]
+    assert torch.equal(calls[1].result[0], torch.full((1, 3), 6.0)) and torch.equal(calls[0].result[1], torch.full((2,), 3.0))
+    assert all(call.done for call in calls) and isinstance(calls[2].error, ValueError) and calls[0].error is None
+    seen.clear()
+    run_calls(calls[:2], fused=False)
+    assert seen == [2, 1]

@@ -36,17 +36,21 @@ class Forward:
     pieces: list[Callable[[], Feed]]  # each makes its Feed when its turn comes (the cache holds the pieces before)
     rows: list[int]  # rows of each piece
     parts: list[torch.Tensor] = field(default_factory=list)  # hidden states [T_i, d] of the pieces fed
+    error: Exception | None = None  # what the forward raised (then it is done, and fails in the request's loop)
 
     @property
     def done(self) -> bool:
-        return len(self.parts) == len(self.pieces)
+        return self.error is not None or len(self.parts) == len(self.pieces)
 
     @property
     def next_rows(self) -> int:
         return self.rows[len(self.parts)]
 
-    def hidden(self) -> torch.Tensor:
-        """Every piece's hidden states, in order: [T, d], what the loop's forward returns."""
+    @property
+    def result(self) -> torch.Tensor:
+        """Every piece's hidden states, in order: [T, d], what the loop's forward returns (or its error, raised)."""
+        if self.error is not None:
+            raise self.error
         return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)
 
 
@@ -71,24 +75,28 @@ def tree_forward(decoder: Decoder, tokens: torch.Tensor, parents: torch.Tensor, 
 
 class ScheduledTarget(DecoderTarget):
     """The target as a served request's loop sees it: forwards go to `post` (the scheduler runs them
-    with the other requests' rows; post returns their hidden states), everything else is the target's.
+    with the other requests' rows, then post returns), everything else is the target's.
 
     A thin wrapper, not a backend: drafters built on it (truncated, int8 copies) get plain
     DecoderTargets and run their own forwards in the loop's turn.
     """
 
-    def __init__(self, target: DecoderTarget, post: Callable[[Forward], torch.Tensor]) -> None:
+    def __init__(self, target: DecoderTarget, post: Callable[[Forward], object]) -> None:
         super().__init__(target.name, target.decoder, target.embedding, target.head_weight, target.head_bias,
                          target.eos_token_ids)
         self._post = post
 
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Hidden states [T, d] of tokens [T] appended to the cache, computed in the scheduler's steps."""
-        return self._post(chain_forward(self.decoder, tokens, cache))
+        forward = chain_forward(self.decoder, tokens, cache)
+        self._post(forward)
+        return forward.result
 
     def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor, cache: KVCache, start: int | None = None) -> torch.Tensor:
         """As DecoderTarget.forward_tree, computed in the scheduler's steps."""
-        return self._post(tree_forward(self.decoder, tokens, parents, cache, start))
+        forward = tree_forward(self.decoder, tokens, parents, cache, start)
+        self._post(forward)
+        return forward.result
 
 
 def fusable() -> bool:
@@ -116,9 +124,15 @@ def run_step(forwards: list[Forward], budget: int = PREFILL_BUDGET) -> tuple[int
     for batch in batches.values():
         groups = [batch] if fusable() else [[forward] for forward in batch]
         for group in groups:
-            feeds = [forward.pieces[len(forward.parts)]() for forward in group]
-            for forward, hidden in zip(group, group[0].decoder.forward_feeds(feeds)):
-                forward.parts.append(hidden)
+            try:
+                feeds = [forward.pieces[len(forward.parts)]() for forward in group]
+                hidden = group[0].decoder.forward_feeds(feeds)
+            except Exception as e:  # noqa: BLE001 - raised again in each request's loop (a 400 or 500 for it)
+                for forward in group:
+                    forward.error = e
+                continue
+            for forward, rows in zip(group, hidden):
+                forward.parts.append(rows)
             rows_fed += sum(feed.tokens.numel() for feed in feeds)
             fed += len(feeds)
     return rows_fed, fed

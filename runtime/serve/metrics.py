@@ -26,6 +26,8 @@ class Metrics:
         self.forward_rows = 0  # rows those forwards fed, every request's together
         self.peak_fused = 0  # the most requests whose rows shared one forward
         self.forward_seconds = 0.0  # time in those forwards (the rest of a step: the requests' own turns)
+        self.head_call_count = 0  # LM-head calls the scheduler ran (runtime.rowwise), each for one or more requests
+        self.peak_head_fused = 0  # the most requests whose head rows shared one call
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent scheduler steps
 
     def responded(self, status: int) -> None:
@@ -49,6 +51,12 @@ class Metrics:
                 self._recent.append((now, tokens))
             while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
                 self._recent.popleft()
+
+    def head_calls(self, sizes: list[int]) -> None:
+        """Head calls the scheduler ran: how many requests' rows each took."""
+        with self._lock:
+            self.head_call_count += len(sizes)
+            self.peak_head_fused = max([self.peak_head_fused, *sizes])
 
     def finished(self, prompt_tokens: int, drafted: int, accepted: int) -> None:
         """One request decoded to its end."""
@@ -82,6 +90,10 @@ class Metrics:
                 ("forward_rows_total", "counter", "Rows those forwards fed, all requests' together.", [("", self.forward_rows)]),
                 ("forward_seconds_total", "counter", "Seconds in those forwards (the rest: the requests' heads, "
                  "drafters and sampling).", [("", round(self.forward_seconds, 6))]),
+                ("head_calls_total", "counter", "LM-head calls (logits or a certified head's screen), each over "
+                 "one or more requests' rows.", [("", self.head_call_count)]),
+                ("head_requests_peak", "gauge", "The most requests whose rows shared one head call so far.",
+                 [("", self.peak_head_fused)]),
                 ("forward_requests_peak", "gauge", "The most requests whose rows shared one forward so far.",
                  [("", self.peak_fused)]),
                 ("drafted_tokens_total", "counter", "Draft tokens verified (speculative methods).", [("", self.drafted)]),

@@ -35,7 +35,8 @@ from runtime.backends.target import DecoderTarget
 from runtime.method_builders import build_method
 from runtime.methods import METHODS, MethodSpec
 from runtime.serve.metrics import Metrics
-from runtime.serve.batch import Forward, ScheduledTarget, run_step
+from runtime.rowwise import RowCall, posting, run_calls
+from runtime.serve.batch import Forward, ScheduledTarget, fusable, run_step
 from runtime.serve.fiber import Fiber
 from runtime.serve.text import TextDeltas
 
@@ -109,38 +110,45 @@ class Sequence:
         # Without a verifier the drafter decodes alone on its own copy: no target forward to schedule.
         self.scheduled = isinstance(engine.session.target, DecoderTarget) and plan.spec.verifier
         self.fiber = Fiber(self._decode, f"specvocab-request-{job.id}")
-        self.waiting: Forward | None = None  # the target forward the loop handed over
+        self.waiting: Forward | RowCall | None = None  # the target forward or head call the loop handed over
         self.text = TextDeltas(engine.tokenizer, plan.stops.stops if plan.stops else ())
         self.stats = None
         self._new: list[int] = []  # tokens appended since the last advance
 
     @property
     def ready(self) -> bool:
-        """Whether the loop can go on: no forward handed over, or it is done."""
+        """Whether the loop can go on: nothing handed over, or it is done."""
         return self.waiting is None or self.waiting.done
 
+    @property
+    def calling(self) -> bool:
+        """Whether the loop waits for a head call (runtime.rowwise) not run yet."""
+        return isinstance(self.waiting, RowCall) and not self.waiting.done
+
     def _decode(self, suspend) -> tuple[list[int], object]:
-        """The fiber's body: the request's token stream to its end, forwards handed to the scheduler."""
+        """The fiber's body: the request's token stream to its end, its target forwards and head calls
+        (runtime.rowwise) handed to the scheduler."""
         session = self._engine.session
         if self.scheduled:
             session = replace(session, target=ScheduledTarget(session.target, suspend))
         stream = self.plan.stream(build_method(session, self.plan.spec))
-        try:
-            while True:
-                try:
-                    token = next(stream)  # may suspend: the scheduler swaps _new meanwhile
-                except StopIteration as done:
-                    return done.value
-                self._new.append(token)
-                if not self.scheduled:  # a loop the scheduler does not step: one token per turn
-                    suspend(None)
-        finally:
-            stream.close()
+        with posting(suspend):
+            try:
+                while True:
+                    try:
+                        token = next(stream)  # may suspend: the scheduler swaps _new meanwhile
+                    except StopIteration as done:
+                        return done.value
+                    self._new.append(token)
+                    if not self.scheduled:  # a loop the scheduler does not step: one token per turn
+                        suspend(None)
+            finally:
+                stream.close()
 
     def advance(self) -> list[Event]:
         """Resume the loop (with its forward's hidden states) until it hands over the next forward or ends:
         a Delta per new token, then Finished when it ended."""
-        self.waiting = self.fiber.resume(self.waiting.hidden() if self.waiting is not None else None)
+        self.waiting = self.fiber.resume()
         if self.fiber.error is not None:
             raise self.fiber.error
         new, self._new = self._new, []
@@ -247,14 +255,19 @@ class Scheduler:
             except ValueError as e:  # a method the session cannot build (a missing stage, ...)
                 job.emit(Failed(400, str(e)))
         produced = 0
-        for sequence in [s for s in self._active if s.ready]:
-            for event in self._advance(sequence):
-                produced += isinstance(event, Delta)
-                sequence.job.emit(event)
-                if isinstance(event, (Finished, Failed)):
-                    self._active.remove(sequence)
-                    sequence.close()
-        waiting = [s.waiting for s in self._active if s.waiting is not None and not s.waiting.done]
+        ready = [s for s in self._active if s.ready]
+        while ready:  # resume; run the head calls they hand over (fused), resume those; until all wait for forwards
+            for sequence in ready:
+                for event in self._advance(sequence):
+                    produced += isinstance(event, Delta)
+                    sequence.job.emit(event)
+                    if isinstance(event, (Finished, Failed)):
+                        self._active.remove(sequence)
+                        sequence.close()
+            calling = [s for s in self._active if s.calling]
+            self.metrics.head_calls(run_calls([s.waiting for s in calling], fusable()))
+            ready = calling
+        waiting = [s.waiting for s in self._active if isinstance(s.waiting, Forward) and not s.waiting.done]
         started = time.perf_counter()
         rows, fused = run_step(waiting) if waiting else (0, 0)
         self.metrics.step(produced, self._pending, len(self._active), rows, fused, time.perf_counter() - started)
