@@ -2,16 +2,18 @@
 
 Requests join and leave the running batch between steps. Each request's decoding loop runs in a
 Fiber (runtime.serve.fiber) on a ScheduledTarget (runtime.serve.batch): it runs until it needs a
-target forward, hands that forward over and waits. A step resumes every request whose last forward
-is done, then runs the next piece of every waiting forward in ONE forward over all their rows, each
-request on its own KV cache: one row for a plain decoding step, the last token and the drafts for a
-verify round, a token tree's nodes, a chunk of a new request's prompt (chunked prefill). Drafters run
-their own forwards in their request's turn.
+target forward or LM-head call (runtime.rowwise), hands it over and waits. A step resumes every
+request whose last forward is done, runs the head calls they hand over (each head's calls as one call
+over all their rows), resumes those, and finally runs the next piece of every waiting forward in ONE
+forward over all their rows, each request on its own KV cache: one row for a plain decoding step, the
+last token and the drafts for a verify round, a token tree's nodes, a chunk of a new request's prompt
+(chunked prefill). Drafters run their own forwards in their request's turn.
 
 Each request runs its method freshly built (a new drafter session and draft budget, as a new
 `runtime generate` process starts with), on its own KV cache and its own seeded generator, and the
-fused forward gives each row the bits its forward alone gives it (Decoder.forward_feeds), so its tokens
-are exactly the ones it gets alone: nothing it computes reads another request's state.
+fused forward gives each row the bits its forward alone gives it (Decoder.forward_feeds), and a fused
+head call its logits bit for bit or a sound bound (runtime.rowwise), so its tokens are exactly the ones
+it gets alone.
 
 Threads: `run` belongs on the thread that loaded the model (runtime.decode says why); it runs every
 target forward. The fibers take turns with it, never beside it. The HTTP side calls `submit` and
