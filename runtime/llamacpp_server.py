@@ -90,11 +90,12 @@ class LlamaServerDecoder:
     """Decoding by a llama-server process this object starts and owns (ended with it, or at exit).
 
     One server per bench: loading the model once keeps the timed runs to decoding; every request sends
-    the prompt afresh (cache_prompt false), so no run reuses another's cache.
+    the prompt afresh (cache_prompt false), so no run reuses another's cache. `parallel` slots (-np;
+    `context` is split among them) batch concurrent requests: runtime bench-serve's llama-server.
     """
 
     def __init__(self, gguf_path, eos_token_ids: frozenset[int], context: int = 4096, threads: int | None = None,
-                 binary: Path | None = None) -> None:
+                 binary: Path | None = None, parallel: int = 1) -> None:
         if gguf_path is None:
             raise LlamaCppUnavailable("method llamacpp:bin decodes a .gguf file and this model has none (an HF directory)")
         binary = binary or find_server()
@@ -104,7 +105,7 @@ class LlamaServerDecoder:
         log_dir = tempfile.TemporaryDirectory(prefix="specvocab-llama-server-")
         self.log = Path(log_dir.name) / "server.log"
         command = [str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
-                   "-t", str(self.threads), "-tb", str(self.threads), "-c", str(context), "-np", "1", "--no-webui"]
+                   "-t", str(self.threads), "-tb", str(self.threads), "-c", str(context), "-np", str(parallel), "--no-webui"]
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self._finalizer = weakref.finalize(self, _stop, self.process, log_dir)

@@ -26,7 +26,7 @@ def test_runtime_imports_no_training_or_clustering_library():
 # Layers of the runtime, bottom to top: a module may import its own layer and the ones below, never above.
 LAYERS = [
     ("runtime.checks", "runtime.numerics", "runtime.kernels", "runtime.sampling", "runtime.stats", "runtime.models", "runtime.data",
-     "runtime.prompting", "runtime.stopping", "runtime.router", "runtime.describe"),
+     "runtime.prompting", "runtime.stopping", "runtime.router", "runtime.describe", "runtime.rowwise"),
     ("runtime.backends", "runtime.heads", "runtime.verify",
      "runtime.trees", "runtime.verify_tree"),
     ("runtime.drafters", "runtime.session"),

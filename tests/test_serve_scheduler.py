@@ -6,8 +6,9 @@ import pytest
 
 from factories import tiny_engine
 from runtime.backends.decoder import PREFILL_CHUNK
+from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.sampling import SamplingParams
-from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Sequence, Started
+from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started
 from serve_factories import alone
 
 PROMPT = "w5 w9 w31 w5 w9 w17"
@@ -25,16 +26,49 @@ def _job(events: list, prompt=PROMPT, max_tokens: int = 8, timeout_s: float = 60
     return Job(prepare, events.append, timeout_s)
 
 
-def test_a_long_prompt_is_prefilled_one_chunk_per_step_with_the_same_tokens(engine):
+def _until_finished(scheduler: Scheduler, events: list) -> None:
+    while not events or not isinstance(events[-1], (Finished, Failed)):
+        scheduler.step()
+
+
+def test_a_long_prompt_is_prefilled_one_chunk_per_step_beside_a_decoding_request(engine):
     prompt = " ".join(f"w{4 + (i * 7) % 250}" for i in range(2 * PREFILL_CHUNK + 100))
-    plan = engine.prepare(prompt, "spec:lookup+csv", SamplingParams(), 6)
-    sequence = Sequence(engine, Job(None, None, 60.0), plan)
-    assert [sequence.advance(), sequence.advance()] == [None, None]  # two whole chunks, one per step
-    assert sequence.prefill.cache.length == 2 * PREFILL_CHUNK
-    tokens = []
-    while not isinstance(event := sequence.advance(), Finished):
-        tokens.extend(event.tokens)
-    assert tokens == alone(engine, prompt, "spec:lookup+csv", max_tokens=6)
+    scheduler = Scheduler(engine)
+    short, long = [], []
+    scheduler.submit(_job(short, max_tokens=30))
+    scheduler.step()  # the short request's prompt forward
+    scheduler.submit(_job(long, prompt=prompt, max_tokens=6))
+    rows = []
+    for _ in range(3):  # the long prompt's three chunks (256, 256, 100), one per step, beside the short one's rows
+        before = scheduler.metrics.forward_rows
+        scheduler.step()
+        rows.append(scheduler.metrics.forward_rows - before)
+        assert not any(isinstance(e, Delta) for e in long)
+    assert [r - r % PREFILL_CHUNK if r > PREFILL_CHUNK else r for r in rows][:2] == [PREFILL_CHUNK] * 2
+    assert all(r > chunk for r, chunk in zip(rows, (PREFILL_CHUNK, PREFILL_CHUNK, 100)))  # the short one's rows too
+    assert scheduler.metrics.forwards == 4  # one forward per step
+    _until_finished(scheduler, long)
+    _until_finished(scheduler, short)
+    assert [t for e in long if isinstance(e, Delta) for t in e.tokens] == alone(engine, prompt, "spec:lookup+csv", max_tokens=6)
+    assert [t for e in short if isinstance(e, Delta) for t in e.tokens] == alone(engine, PROMPT, "spec:lookup+csv", max_tokens=30)
+
+
+def test_prefill_chunks_beyond_the_budget_wait_for_the_next_step(engine):
+    prompts = [" ".join(f"w{4 + (i * k) % 250}" for i in range(PREFILL_CHUNK + 50)) for k in (3, 5)]
+    scheduler = Scheduler(engine)
+    events = [[], []]
+    for prompt, sink in zip(prompts, events):
+        scheduler.submit(_job(sink, prompt=prompt, max_tokens=4))
+    scheduler.step()
+    assert scheduler.metrics.forward_rows == PREFILL_CHUNK  # one chunk: the second waits
+    scheduler.step()
+    assert scheduler.metrics.forward_rows == PREFILL_CHUNK + 50  # the first's rest: 50 + 256 would pass the budget
+    scheduler.step()
+    # the second's first chunk, and the first's first verify round (a few rows)
+    assert 2 * PREFILL_CHUNK + 50 < scheduler.metrics.forward_rows <= 2 * PREFILL_CHUNK + 50 + SKINNY_MAX_ROWS
+    for prompt, sink in zip(prompts, events):
+        _until_finished(scheduler, sink)
+        assert [t for e in sink if isinstance(e, Delta) for t in e.tokens] == alone(engine, prompt, "spec:lookup+csv", max_tokens=4)
 
 
 def test_a_cancelled_request_leaves_the_batch_at_the_next_step(engine):

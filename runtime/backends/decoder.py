@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from runtime.backends.base import INITIAL_CAPACITY, KVCache, check_truncation
 from runtime.backends.layers import PROJECTIONS, DecoderLayer
+from runtime.backends.rows import Feed, Rows, tree_paths
 from runtime.kernels import SKINNY_MAX_ROWS, attend, prepare_qkv
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the [H, C, K] attention scores
@@ -53,57 +54,6 @@ def _attention_mask(start: int, queries: int, keys_from: int, keys_to: int, wind
     if window is not None:
         allowed &= q_pos - k_pos < window
     return None if bool(allowed.all()) else allowed
-
-
-class _Rows:
-    """The tokens one forward feeds: where their K/V go, their positions, and the keys each reads.
-
-    A chain feeds tokens at start, start + 1, ..; a tree feeds nodes whose paths hang under the
-    prefix (the cache's first `prefix` tokens). The key lists are built once per forward and
-    window length, not once per layer.
-    """
-
-    def __init__(self, start: int, count: int, prefix: int | None = None, paths: list[list[int]] | None = None) -> None:
-        self.start = start  # the fed rows' K/V go to start .. start + count - 1
-        self.count = count
-        self.prefix, self.paths = prefix, paths  # trees only: node j's K/V sit at prefix + j
-        if paths is None:
-            self.positions = torch.arange(start, start + count)  # [T]
-        else:
-            self.positions = torch.tensor([prefix + len(path) - 1 for path in paths])  # [n]: prefix + depth - 1
-        self._keys: dict[int | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def keys(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(first [T], end [T], extra [T, E]): row t reads cache slots first..end - 1, then extra[t]
-        up to the first -1, exactly the keys a one-token step (over a node's path) reads."""
-        if window not in self._keys:
-            if self.paths is None:
-                ends = self.positions + 1
-                firsts = (ends - window).clamp(min=0) if window else torch.zeros_like(ends)
-                self._keys[window] = (firsts, ends, torch.empty(self.count, 0, dtype=torch.long))
-            else:
-                self._keys[window] = self._tree_keys(window)
-        return self._keys[window]
-
-    def _tree_keys(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        prefix, firsts = self.prefix, []
-        extra = torch.full((self.count, max(len(path) for path in self.paths)), -1, dtype=torch.long)
-        for row, path in enumerate(self.paths):
-            low = max(0, prefix + len(path) - window) if window else 0  # the window may start inside the path
-            firsts.append(min(low, prefix))
-            slots = [prefix + node for node in path][max(0, low - prefix) :]
-            extra[row, : len(slots)] = torch.tensor(slots)
-        return torch.tensor(firsts), torch.full((self.count,), prefix, dtype=torch.long), extra
-
-
-def tree_paths(parents: list[int]) -> list[list[int]]:
-    """Every node's path (node indices, the prefix's child first) for parents listed parents first."""
-    paths: list[list[int]] = []
-    for node, parent in enumerate(parents):
-        if not -1 <= parent < node:
-            raise ValueError(f"a token tree lists parents first: node {node} has parent {parent}")
-        paths.append((paths[parent] if parent >= 0 else []) + [node])
-    return paths
 
 
 class Decoder:
@@ -176,25 +126,13 @@ class Decoder:
             for index, layer in enumerate(self.layers)
         ])
 
-    @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Append tokens [T] to the cache and return final-normed hidden states [T, d]."""
         tokens = tokens.view(-1)
         if tokens.numel() > PREFILL_CHUNK:
             return self._prefill(tokens, cache)
-        start, count = cache.length, tokens.numel()
-        cache.reserve(start + count)
-        if start + count > self._rotary[self.layers[0].rope][0].shape[0]:
-            self._extend_rotary(cache.capacity)
-        rows = _Rows(start, count)
-        x = self.embed(tokens)  # [T, d]
-        for index, layer in enumerate(self.layers):
-            self._tap(cache, index, rows.start, x)
-            x = self._layer(layer, x, cache, index, rows)
-        cache.length = start + count
-        return self.norm(x)
+        return self.forward_feeds([self.chain_feed(tokens, cache)])[0]
 
-    @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor, cache: KVCache, start: int | None = None) -> torch.Tensor:
         """Append token-tree nodes to the cache; their final-normed hidden states [n, d].
 
@@ -204,28 +142,60 @@ class Decoder:
         of the N nodes; the first N - n were fed by earlier calls (the cache holds start + N - n).
         Each node's hidden state is torch.equal to a chain forward over the prefix and its path.
         """
+        tokens = tokens.view(-1)
+        if tokens.numel() > SKINNY_MAX_ROWS:  # chunks the one-call layer (layer_plan) takes; every row keeps its bits
+            parents = parents.view(-1).tolist()
+            start = cache.length if start is None else start
+            first = len(parents) - tokens.numel()
+            return torch.cat([
+                self.forward_tree(chunk, torch.tensor(parents[: first + offset + chunk.numel()]), cache, start)
+                for offset, chunk in zip(range(0, tokens.numel(), SKINNY_MAX_ROWS), tokens.split(SKINNY_MAX_ROWS))
+            ])
+        return self.forward_feeds([self.tree_feed(tokens, parents, cache, start)])[0]
+
+    def chain_feed(self, tokens: torch.Tensor, cache: KVCache) -> Feed:
+        """The feed appending tokens [T] (T <= PREFILL_CHUNK) to the cache at its length."""
+        start, count = cache.length, tokens.numel()
+        return self._feed(tokens.view(-1), cache, Rows(start, count), start + count)
+
+    def tree_feed(self, tokens: torch.Tensor, parents: torch.Tensor, cache: KVCache, start: int | None = None) -> Feed:
+        """The feed appending the last n <= SKINNY_MAX_ROWS of a token tree's nodes (forward_tree's arguments)."""
         tokens, parents = tokens.view(-1), parents.view(-1).tolist()
         count, total = tokens.numel(), len(parents)
         start = cache.length if start is None else start
         if not 0 < count <= total or cache.length != start + total - count:
             raise ValueError(f"forward_tree feeds the last {count} of {total} nodes after {start} prefix tokens, "
                              f"but the cache holds {cache.length}")
-        if count > SKINNY_MAX_ROWS:  # chunks the one-call layer (layer_plan) takes; every row keeps its bits
-            first = total - count
-            return torch.cat([
-                self.forward_tree(chunk, torch.tensor(parents[: first + offset + chunk.numel()]), cache, start)
-                for offset, chunk in zip(range(0, count, SKINNY_MAX_ROWS), tokens.split(SKINNY_MAX_ROWS))
-            ])
-        rows = _Rows(start + total - count, count, start, tree_paths(parents)[total - count :])
-        cache.reserve(start + total)
+        rows = Rows(start + total - count, count, start, tree_paths(parents)[total - count :])
+        return self._feed(tokens, cache, rows, start + total)
+
+    def _feed(self, tokens: torch.Tensor, cache: KVCache, rows: Rows, length: int) -> Feed:
+        """A Feed, with the cache and the rotary tables grown to hold it."""
+        cache.reserve(length)
         if int(rows.positions.max()) >= self._rotary[self.layers[0].rope][0].shape[0]:
             self._extend_rotary(cache.capacity)
-        x = self.embed(tokens)  # [n, d]
+        return Feed(tokens, cache, rows, length)
+
+    @torch.inference_mode()
+    def forward_feeds(self, feeds: list[Feed]) -> list[torch.Tensor]:
+        """One forward over the rows of several feeds, each on its own cache: hidden states [T_i, d] per feed.
+
+        Embedding, norms, projections and the MLP run over all rows at once; q/k preparation and
+        attention run per feed on its cache, with the path its forward alone takes (per-query
+        attention up to SKINNY_MAX_ROWS rows, SDPA for a longer prefill chunk). Every row-wise kernel
+        gives a row the same bits whatever rows share its call (runtime.kernels.linear at any row
+        count), so each feed's hidden states are torch.equal to its forward alone: a server's
+        request does not depend on what else is in the batch.
+        """
+        counts = [feed.tokens.numel() for feed in feeds]
+        x = self.embed(torch.cat([feed.tokens for feed in feeds]) if len(feeds) > 1 else feeds[0].tokens)  # [N, d]
         for index, layer in enumerate(self.layers):
-            self._tap(cache, index, rows.start, x)
-            x = self._layer(layer, x, cache, index, rows)
-        cache.length = start + total
-        return self.norm(x)
+            for feed, part in zip(feeds, x.split(counts)):
+                self._tap(feed.cache, index, feed.rows.start, part)
+            x = self._layer(layer, x, feeds, index)
+        for feed in feeds:
+            feed.cache.length = feed.length
+        return list(self.norm(x).split(counts))
 
     @staticmethod
     def _tap(cache: KVCache, index: int, start: int, x: torch.Tensor) -> None:
@@ -234,46 +204,51 @@ class Decoder:
             if tapped == index:
                 cache.write_features(slot, start, x)
 
-    def _layer(self, layer: DecoderLayer, x: torch.Tensor, cache: KVCache, index: int, rows: _Rows) -> torch.Tensor:
-        """One decoder layer over x [T, d] (the tokens or tree nodes `rows`); returns the new residual [T, d].
+    def _layer(self, layer: DecoderLayer, x: torch.Tensor, feeds: list[Feed], index: int) -> torch.Tensor:
+        """One decoder layer over x [N, d] (the feeds' rows, in order); returns the new residual [N, d].
 
-        Up to SKINNY_MAX_ROWS rows take the layer's compiled plan when it has one: the same calls
-        below, in the same order, in one crossing into C++ (the same bits).
+        One feed of up to SKINNY_MAX_ROWS rows takes the layer's compiled plan when it has one: the
+        same calls below, in the same order, in one crossing into C++ (the same bits).
         """
-        plan = layer.plan(self.num_heads, self.kv_heads, self.head_dim) if x.shape[0] <= SKINNY_MAX_ROWS else None
+        plan = layer.plan(self.num_heads, self.kv_heads, self.head_dim) if len(feeds) == 1 and x.shape[0] <= SKINNY_MAX_ROWS else None
         if plan is not None:
+            cache, rows = feeds[0].cache, feeds[0].rows
             cos, sin = self._rotary[layer.rope]
             return plan.forward(x, cache.keys[index], cache.values[index], rows.positions, *rows.keys(layer.window),
                                 rows.start, cos, sin)
-        attended = self._attention(layer, layer.input_norm(x), cache, index, rows)  # [T, d]
+        attended = self._attention(layer, layer.input_norm(x), feeds, index)  # [N, d]
         if layer.post_attention_norm is not None:
             attended = layer.post_attention_norm(attended)
         x = x + attended
-        gate_up = layer.gate_up(layer.pre_mlp_norm(x))  # [T, 2 F]
+        gate_up = layer.gate_up(layer.pre_mlp_norm(x))  # [N, 2 F]
         half = gate_up.shape[1] // 2
-        mlp = layer.down(layer.activation(gate_up[:, :half]) * gate_up[:, half:])  # [T, d]
+        mlp = layer.down(layer.activation(gate_up[:, :half]) * gate_up[:, half:])  # [N, d]
         if layer.post_mlp_norm is not None:
             mlp = layer.post_mlp_norm(mlp)
         return x + mlp
 
-    def _attention(self, layer: DecoderLayer, h: torch.Tensor, cache: KVCache, index: int, rows: _Rows) -> torch.Tensor:
-        """Self-attention of h [T, d] over the cached keys plus its own; writes its K/V to the cache
-        at rows.start.. (a chain's positions, or a tree's slots after the prefix)."""
-        count, hd, heads = h.shape[0], self.head_dim, self.num_heads
-        qkv = layer.qkv(h).view(count, heads + 2 * self.kv_heads, hd)  # [T, H + 2 KV, hd]
+    def _attention(self, layer: DecoderLayer, h: torch.Tensor, feeds: list[Feed], index: int) -> torch.Tensor:
+        """Self-attention of h [N, d] (the feeds' rows), each feed over its own cache; writes their K/V."""
+        qkv = layer.qkv(h).view(h.shape[0], self.num_heads + 2 * self.kv_heads, self.head_dim)  # [N, H + 2 KV, hd]
+        parts = qkv.split([feed.tokens.numel() for feed in feeds])
+        out = [self._attend(layer, part, feed.cache, index, feed.rows) for feed, part in zip(feeds, parts)]
+        return layer.o(torch.cat(out) if len(out) > 1 else out[0])
+
+    def _attend(self, layer: DecoderLayer, qkv: torch.Tensor, cache: KVCache, index: int, rows: Rows) -> torch.Tensor:
+        """Attention of one feed's qkv [T, H + 2 KV, hd] over its cached keys plus its own: [T, H hd].
+        Writes its K/V to the cache at rows.start.. (a chain's positions, or a tree's slots after the prefix)."""
+        count, hd, heads = qkv.shape[0], self.head_dim, self.num_heads
         head_norms = (layer.q_norm.factor, layer.k_norm.factor) if layer.q_norm is not None else None
         eps = layer.q_norm.eps if layer.q_norm is not None else 0.0
         keys, values = cache.keys[index], cache.values[index]
         prepare_qkv(qkv, heads, head_norms, eps, self._rotary[layer.rope], rows.positions, keys, values, rows.start)
         if rows.paths is not None or count <= SKINNY_MAX_ROWS:
             # Each query alone over exactly the keys a one-token step (over a node's path) reads.
-            out = attend(qkv, heads, keys, values, *rows.keys(layer.window), layer.scaling)  # [T, H hd]
-        else:
-            start, end = rows.start, rows.start + count
-            first = max(0, start + 1 - layer.window) if layer.window else 0  # older keys are outside every query's window
-            mask = _attention_mask(start, count, first, end, layer.window)
-            out = self._sdpa(layer, qkv[:, :heads], cache, index, first, end, mask)[0].transpose(0, 1).reshape(count, heads * hd)
-        return layer.o(out)
+            return attend(qkv, heads, keys, values, *rows.keys(layer.window), layer.scaling)  # [T, H hd]
+        start, end = rows.start, rows.start + count
+        first = max(0, start + 1 - layer.window) if layer.window else 0  # older keys are outside every query's window
+        mask = _attention_mask(start, count, first, end, layer.window)
+        return self._sdpa(layer, qkv[:, :heads], cache, index, first, end, mask)[0].transpose(0, 1).reshape(count, heads * hd)
 
     def _sdpa(self, layer: DecoderLayer, q: torch.Tensor, cache: KVCache, index: int, first: int, end: int,
               mask: torch.Tensor | None) -> torch.Tensor:

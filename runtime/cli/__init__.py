@@ -181,6 +181,6 @@ def main() -> None:
     """
 
 
-from runtime.cli import bench, bench_threads, generate, inspect_command, serve  # noqa: E402,F401  (the commands register on `main`)
+from runtime.cli import bench, bench_serve, bench_threads, generate, inspect_command, serve  # noqa: E402,F401  (the commands register on `main`)
 
 __all__ = ["OneLineGroup", "check_min_response", "clean_errors", "main", "min_response_option", "model_options", "sampling_options", "sampling_params"]

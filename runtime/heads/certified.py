@@ -20,6 +20,7 @@ from runtime.heads.base import Bound, row_norms
 from runtime.heads.opened import Opened
 from runtime.kernels import linear
 from runtime.numerics import dot_rounding_gamma
+from runtime.rowwise import logits_key, rowwise
 from runtime.sampling import TOP_SET_SIZES, SamplingParams, gumbel_noise, nucleus_size, sample_full
 from runtime.stats import HeadStats
 
@@ -50,15 +51,18 @@ class CertifiedHead:
         self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * norms  # [V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full logits [B, V] (used by verifiers that need whole distributions)."""
-        return linear(hidden, self.weight, self.bias)
+        """Full logits [B, V] (used by verifiers that need whole distributions; a row-wise call: runtime.rowwise)."""
+        return rowwise(self._logits, hidden, logits_key(self.weight, self.bias))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.weight, self.bias)  # [B, V]
 
     def select(
         self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """Next token per row [B] for hidden states [B, d]; same tokens as FullHead for the same generator."""
         params = params.for_vocab(self.vocab_size)  # a top-k no smaller than V keeps every token, as FullHead's does
-        state = self.bound.prepare(hidden)
+        state = rowwise(self.bound.prepare, hidden)  # sound for these rows whatever rows share the call
         noise = None if params.greedy else gumbel_noise(hidden.shape[0], self.vocab_size, generator)  # [B, V]
         hidden_norms = hidden.double().norm(dim=1).tolist()  # [B]
         tokens = []

@@ -40,6 +40,10 @@ class ClusterState:
     hidden: torch.Tensor  # [B, d]
     upper: torch.Tensor  # [B, C] float64 upper bound on every logit in the cluster
 
+    def rows(self, start: int, end: int) -> "ClusterState":
+        """The state of rows start..end - 1 alone."""
+        return ClusterState(self.hidden[start:end], self.upper[start:end])
+
 
 class ClusterBound:
     """Algorithm 1 of CSV-Decode: open clusters in descending bound order until top-k is certified."""

@@ -6,6 +6,7 @@ import torch
 
 from runtime.sampling import SamplingParams, sample_rows
 from runtime.kernels import linear
+from runtime.rowwise import logits_key, rowwise
 from runtime.stats import HeadStats
 
 
@@ -19,8 +20,11 @@ class FullHead:
         self.stats = HeadStats(vocab_size=self.vocab_size)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full logits [B, V] for hidden states [B, d]."""
-        return linear(hidden, self.weight, self.bias)
+        """Full logits [B, V] for hidden states [B, d] (a row-wise call: runtime.rowwise)."""
+        return rowwise(self._logits, hidden, logits_key(self.weight, self.bias))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.weight, self.bias)  # [B, V]
 
     def select(
         self, hidden: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None

@@ -62,6 +62,13 @@ class ScreenState:
     coefficients: torch.Tensor  # [V] float32, the screen's factor of |h|
     remainder_coefficients: torch.Tensor  # [V] float32, its factor of remainder_norm
 
+    def rows(self, start: int, end: int) -> "ScreenState":
+        """The state of rows start..end - 1 alone (the per-token factors are shared)."""
+        part = slice(start, end)
+        remainder = self.remainder_norm[part] if self.remainder_norm is not None else None
+        return ScreenState(self.hidden[part], self.center[part], self.hidden_norm[part], remainder, self.coefficients,
+                           self.remainder_coefficients)
+
 
 class ScreenBound:
     """Per-token intervals from the int8 screening head; candidates are recomputed exactly."""

@@ -22,16 +22,28 @@ class Metrics:
         self.queue_length = 0  # requests waiting for a slot
         self.batch_size = 0  # requests decoding now
         self.peak_batch_size = 0
+        self.forwards = 0  # fused target forwards (one per step that had rows to feed)
+        self.forward_rows = 0  # rows those forwards fed, every request's together
+        self.peak_fused = 0  # the most requests whose rows shared one forward
+        self.forward_seconds = 0.0  # time in those forwards (the rest of a step: the requests' own turns)
+        self.head_call_count = 0  # LM-head calls the scheduler ran (runtime.rowwise), each for one or more requests
+        self.peak_head_fused = 0  # the most requests whose head rows shared one call
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent scheduler steps
 
     def responded(self, status: int) -> None:
         with self._lock:
             self.responses[status] += 1
 
-    def step(self, tokens: int, queue_length: int, batch_size: int) -> None:
-        """One scheduler step: tokens it produced, and the queue and batch after it."""
+    def step(self, tokens: int, queue_length: int, batch_size: int, rows: int = 0, fused: int = 0,
+             forward_s: float = 0.0) -> None:
+        """One scheduler step: tokens it produced, the queue and batch after it, and the rows its forward
+        fed for how many requests, in how many seconds."""
         now = time.monotonic()
         with self._lock:
+            self.forwards += rows > 0
+            self.forward_rows += rows
+            self.peak_fused = max(self.peak_fused, fused)
+            self.forward_seconds += forward_s
             self.completion_tokens += tokens
             self.queue_length, self.batch_size = queue_length, batch_size
             self.peak_batch_size = max(self.peak_batch_size, batch_size)
@@ -39,6 +51,12 @@ class Metrics:
                 self._recent.append((now, tokens))
             while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
                 self._recent.popleft()
+
+    def head_calls(self, sizes: list[int]) -> None:
+        """Head calls the scheduler ran: how many requests' rows each took."""
+        with self._lock:
+            self.head_call_count += len(sizes)
+            self.peak_head_fused = max([self.peak_head_fused, *sizes])
 
     def finished(self, prompt_tokens: int, drafted: int, accepted: int) -> None:
         """One request decoded to its end."""
@@ -67,6 +85,17 @@ class Metrics:
                 ("queue_length", "gauge", "Requests waiting for a decoding slot.", [("", self.queue_length)]),
                 ("batch_size", "gauge", "Requests decoding now.", [("", self.batch_size)]),
                 ("batch_size_peak", "gauge", "The most requests decoding at once so far.", [("", self.peak_batch_size)]),
+                ("forwards_total", "counter", "Fused target forwards (one per scheduler step with rows to feed).",
+                 [("", self.forwards)]),
+                ("forward_rows_total", "counter", "Rows those forwards fed, all requests' together.", [("", self.forward_rows)]),
+                ("forward_seconds_total", "counter", "Seconds in those forwards (the rest: the requests' heads, "
+                 "drafters and sampling).", [("", round(self.forward_seconds, 6))]),
+                ("head_calls_total", "counter", "LM-head calls (logits or a certified head's screen), each over "
+                 "one or more requests' rows.", [("", self.head_call_count)]),
+                ("head_requests_peak", "gauge", "The most requests whose rows shared one head call so far.",
+                 [("", self.peak_head_fused)]),
+                ("forward_requests_peak", "gauge", "The most requests whose rows shared one forward so far.",
+                 [("", self.peak_fused)]),
                 ("drafted_tokens_total", "counter", "Draft tokens verified (speculative methods).", [("", self.drafted)]),
                 ("accepted_tokens_total", "counter", "Draft tokens accepted.", [("", self.accepted)]),
                 ("acceptance_rate", "gauge", "Accepted / drafted tokens so far (0 before any draft).",

@@ -1,18 +1,23 @@
-"""The scheduler: one worker thread decodes every admitted request, interleaved at round boundaries.
+"""The scheduler: one worker thread decodes every admitted request, one fused target forward per step.
 
-Requests join and leave the running batch between steps. A step feeds one prefill chunk to each
-request still prefilling (runtime.serve.prefill) and advances every other one by one token of its own
-decoding loop, which runs one draft-and-verify round (or one plain step) when it needs a new token.
+Requests join and leave the running batch between steps. Each request's decoding loop runs in a
+Fiber (runtime.serve.fiber) on a ScheduledTarget (runtime.serve.batch): it runs until it needs a
+target forward or LM-head call (runtime.rowwise), hands it over and waits. A step resumes every
+request whose last forward is done, runs the head calls they hand over (each head's calls as one call
+over all their rows), resumes those, and finally runs the next piece of every waiting forward in ONE
+forward over all their rows, each request on its own KV cache: one row for a plain decoding step, the
+last token and the drafts for a verify round, a token tree's nodes, a chunk of a new request's prompt
+(chunked prefill). Drafters run their own forwards in their request's turn.
+
 Each request runs its method freshly built (a new drafter session and draft budget, as a new
-`runtime generate` process starts with), on its own KV cache and its own seeded generator, so its
-tokens are exactly the ones it gets alone: nothing it computes reads another request's state.
+`runtime generate` process starts with), on its own KV cache and its own seeded generator, and the
+fused forward gives each row the bits its forward alone gives it (Decoder.forward_feeds), and a fused
+head call its logits bit for bit or a sound bound (runtime.rowwise), so its tokens are exactly the ones
+it gets alone.
 
-This is the first version: sequences are interleaved, each forward serves one request. Fusing the
-rows of several requests into one target forward needs a decoder call over several caches and loops
-that hand their forwards to the scheduler instead of making them (docs/serving.md, "Batching").
-
-Threads: `run` belongs on the thread that loaded the model (runtime.decode says why); the HTTP side
-calls `submit` and `cancel` from its event loop and gets each request's events through `emit`.
+Threads: `run` belongs on the thread that loaded the model (runtime.decode says why); it runs every
+target forward. The fibers take turns with it, never beside it. The HTTP side calls `submit` and
+`cancel` from its event loop and gets each request's events through `emit`.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from typing import Callable
 
 from runtime.api import Engine, Plan
 from runtime.backends.target import DecoderTarget
-from runtime.decode import TokenStream
 from runtime.method_builders import build_method
 from runtime.methods import METHODS, MethodSpec
 from runtime.serve.metrics import Metrics
-from runtime.serve.prefill import ChunkedPrefill, PrefilledTarget
+from runtime.rowwise import RowCall, posting, run_calls
+from runtime.serve.batch import Forward, ScheduledTarget, fusable, run_step
+from runtime.serve.fiber import Fiber
 from runtime.serve.text import TextDeltas
 
 IDLE_WAIT_S = 0.05  # with nothing to decode, the worker waits this long for a new request
@@ -97,36 +103,62 @@ class Job:
 
 
 class Sequence:
-    """An admitted request: its chunked prefill, then its token stream, and the text sent so far."""
+    """An admitted request: its decoding loop in a fiber, the forward it waits for, and the text sent so far."""
 
     def __init__(self, engine: Engine, job: Job, plan: Plan) -> None:
         self.job, self.plan = job, plan
-        target = engine.session.target
-        # Without a verifier the drafter decodes alone on its own copy: nothing to prefill on the target.
-        chunked = isinstance(target, DecoderTarget) and plan.spec.verifier
-        self.prefill = ChunkedPrefill(target, plan.ids) if chunked else None
         engine.method(plan.spec)  # built once on the session too: bounds and stages it reads stay cached there
         self._engine = engine
-        self.stream: TokenStream | None = None
+        # Without a verifier the drafter decodes alone on its own copy: no target forward to schedule.
+        self.scheduled = isinstance(engine.session.target, DecoderTarget) and plan.spec.verifier
+        self.fiber = Fiber(self._decode, f"specvocab-request-{job.id}")
+        self.waiting: Forward | RowCall | None = None  # the target forward or head call the loop handed over
         self.text = TextDeltas(engine.tokenizer, plan.stops.stops if plan.stops else ())
         self.stats = None
+        self._new: list[int] = []  # tokens appended since the last advance
 
-    def advance(self) -> Event | None:
-        """One step: a prefill chunk, or the next token; an event for the client, or None (a chunk fed)."""
-        if self.prefill is not None and not self.prefill.done:
-            self.prefill.step()
-            return None
-        if self.stream is None:
-            session = self._engine.session
-            if self.prefill is not None:  # the loop resumes after the chunks already in the cache
-                session = replace(session, target=PrefilledTarget(session.target, self.prefill.cache))
-            self.stream = self.plan.stream(build_method(session, self.plan.spec))
-        try:
-            token = next(self.stream)
-        except StopIteration as done:
-            tokens, self.stats = done.value
-            return self._finished(tokens)
-        return Delta(self.text.add(token), (token,))
+    @property
+    def ready(self) -> bool:
+        """Whether the loop can go on: nothing handed over, or it is done."""
+        return self.waiting is None or self.waiting.done
+
+    @property
+    def calling(self) -> bool:
+        """Whether the loop waits for a head call (runtime.rowwise) not run yet."""
+        return isinstance(self.waiting, RowCall) and not self.waiting.done
+
+    def _decode(self, suspend) -> tuple[list[int], object]:
+        """The fiber's body: the request's token stream to its end, its target forwards and head calls
+        (runtime.rowwise) handed to the scheduler."""
+        session = self._engine.session
+        if self.scheduled:
+            session = replace(session, target=ScheduledTarget(session.target, suspend))
+        stream = self.plan.stream(build_method(session, self.plan.spec))
+        with posting(suspend):
+            try:
+                while True:
+                    try:
+                        token = next(stream)  # may suspend: the scheduler swaps _new meanwhile
+                    except StopIteration as done:
+                        return done.value
+                    self._new.append(token)
+                    if not self.scheduled:  # a loop the scheduler does not step: one token per turn
+                        suspend(None)
+            finally:
+                stream.close()
+
+    def advance(self) -> list[Event]:
+        """Resume the loop (with its forward's hidden states) until it hands over the next forward or ends:
+        a Delta per new token, then Finished when it ended."""
+        self.waiting = self.fiber.resume()
+        if self.fiber.error is not None:
+            raise self.fiber.error
+        new, self._new = self._new, []
+        events: list[Event] = [Delta(self.text.add(token), (token,)) for token in new]
+        if self.fiber.done:
+            tokens, self.stats = self.fiber.result
+            events.append(self._finished(tokens))
+        return events
 
     def _finished(self, tokens: list[int]) -> Finished:
         plan = self.plan
@@ -136,8 +168,7 @@ class Sequence:
         return Finished("stop" if stopped else "length", plan.ids.numel(), len(tokens), self.text.text, rest)
 
     def close(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
+        self.fiber.close()
 
 
 class Scheduler:
@@ -213,7 +244,8 @@ class Scheduler:
             self._thread.join()
 
     def step(self) -> None:
-        """Take new jobs, drop cancelled and expired ones, admit waiting ones, and advance every active one."""
+        """Take new jobs, drop cancelled and expired ones, admit waiting ones, resume every one whose
+        forward is done, then run one fused forward over the pieces of every forward handed over."""
         self._take_new(block=not self._active and not self._waiting)
         self._drop_cancelled()
         while self._waiting and len(self._active) < self.max_batch:
@@ -225,31 +257,37 @@ class Scheduler:
             except ValueError as e:  # a method the session cannot build (a missing stage, ...)
                 job.emit(Failed(400, str(e)))
         produced = 0
-        for sequence in list(self._active):
-            event = self._advance(sequence)
-            if isinstance(event, Delta):
-                produced += 1
-            if event is not None:
-                sequence.job.emit(event)
-            if isinstance(event, (Finished, Failed)):
-                self._active.remove(sequence)
-                sequence.close()
-        self.metrics.step(produced, self._pending, len(self._active))
+        ready = [s for s in self._active if s.ready]
+        while ready:  # resume; run the head calls they hand over (fused), resume those; until all wait for forwards
+            for sequence in ready:
+                for event in self._advance(sequence):
+                    produced += isinstance(event, Delta)
+                    sequence.job.emit(event)
+                    if isinstance(event, (Finished, Failed)):
+                        self._active.remove(sequence)
+                        sequence.close()
+            calling = [s for s in self._active if s.calling]
+            self.metrics.head_calls(run_calls([s.waiting for s in calling], fusable()))
+            ready = calling
+        waiting = [s.waiting for s in self._active if isinstance(s.waiting, Forward) and not s.waiting.done]
+        started = time.perf_counter()
+        rows, fused = run_step(waiting) if waiting else (0, 0)
+        self.metrics.step(produced, self._pending, len(self._active), rows, fused, time.perf_counter() - started)
 
-    def _advance(self, sequence: Sequence) -> Event | None:
-        """sequence.advance(), with an unexpected error turned into a 500 for its client (logged here)."""
+    def _advance(self, sequence: Sequence) -> list[Event]:
+        """sequence.advance(), with an error turned into a Failed for its client (an unexpected one logged here)."""
         try:
-            event = sequence.advance()
+            events = sequence.advance()
         except ValueError as e:
-            return Failed(400, str(e))
+            return [Failed(400, str(e))]
         except Exception:  # noqa: BLE001 - one request's bug must not stop the others
             traceback.print_exc(file=sys.stderr)
-            return Failed(500, "internal error while decoding this request (the server log has the traceback)",
-                          "server_error")
-        if isinstance(event, Finished) and sequence.stats is not None:
+            return [Failed(500, "internal error while decoding this request (the server log has the traceback)",
+                           "server_error")]
+        if events and isinstance(events[-1], Finished) and sequence.stats is not None:
             spec = sequence.stats.spec
-            self.metrics.finished(event.prompt_tokens, spec.drafted if spec else 0, spec.accepted if spec else 0)
-        return event
+            self.metrics.finished(events[-1].prompt_tokens, spec.drafted if spec else 0, spec.accepted if spec else 0)
+        return events
 
     def _take_new(self, block: bool) -> None:
         """Plan every job in the inbox (a bad request fails here, before it waits for a slot)."""
