@@ -1,10 +1,8 @@
 """Decoding loops: prefill, then one token per step through a target backend and an LM head.
 
 Every loop is a token stream: a generator that yields each new token as it is appended and returns
-(tokens, stats) at the end. The caller's thread runs it, one token per `next`, so decoding stays on the
-thread (and torch's OpenMP pool) that loaded the model: a loop moved to a second Python thread gets a
-second OpenMP pool, and libgomp stops spinning once its pools hold more threads than there are cores
-(measured: qwen2.5-coder's forward at two threads 16.4 ms on the loading thread, 25 ms on another).
+(tokens, stats) at the end. The caller's thread runs it, one token per `next`; the kernels' regions
+run on their own pool whatever thread calls them (runtime/kernels/pool.h).
 """
 
 from __future__ import annotations

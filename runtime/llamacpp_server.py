@@ -1,7 +1,7 @@
 """llama.cpp's own binary as the bench reference (method `llamacpp:bin`): llama-server, as users run it.
 
 The `llamacpp` method decodes through llama-cpp-python's per-token Python loop, which costs a few per
-cent against llama.cpp's own tools (issue 43: llama-bench ran ~8 % faster on the same build). This
+cent against llama.cpp's own tools (issue 43 measured llama-bench faster on the same build). This
 method starts one `llama-server` per bench on the session model's GGUF, with the bench's thread count,
 and sends each prompt's token ids to its `/completion` endpoint: greedy (or llama.cpp's own sampler),
 no prompt cache, the generated ids returned. Its tok/s is the server's own `predicted_per_second`,

@@ -116,7 +116,7 @@ def _nucleus(scaled_logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Ids of the top-p nucleus of softmax(scaled_logits [V]), from the shortest sorted prefix that holds it.
 
     A prefix's cumulative sums are the full sort's first ones, so this is the full sort's nucleus; a
-    full sort of a 262k vocabulary took 23 ms at one thread, a top-64 prefix 0.6 ms.
+    full sort of a large vocabulary costs about a forward (docs/certified-head.md, "Top-p without a full sort").
     """
     V = scaled_logits.numel()
     log_z = float(torch.logsumexp(scaled_logits.double(), 0))
@@ -165,7 +165,8 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample_from(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One index drawn in proportion to nonnegative weights [V], by inverting the float64 CDF.
 
-    torch.multinomial is ~25x slower on a 262k vocabulary (12 ms against 0.5 ms on this CPU).
+    One cumulative sum and one binary search: torch.multinomial was an order of magnitude slower on a
+    262k vocabulary (docs/certified-head.md, "Top-p without a full sort").
     """
     cdf = weights.double().cumsum(0)  # [V]
     u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]

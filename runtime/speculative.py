@@ -24,9 +24,8 @@ from runtime.verify import Verdict, verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # gamma=G, the adaptive draft length and the draft budget stay in 1..MAX_GAMMA (the grammar checks it too)
 DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer
-# What one more verify row costs, as a share of a one-row round: T_V(n + 1) / T_V(1) - T_V(n) / T_V(1)
-# was 0.09-0.29 for n = 1..3 on the AVX-512 paths (gemma3-270m and qwen2.5-coder, certified head, Zen 4
-# EPYC and Xeon; runtime bench-verify, docs/results/) and 0.11 for n = 1 on AVX2.
+# What one more verify row costs, as a share of a one-row round, T_V(n + 1) / T_V(1) - T_V(n) / T_V(1):
+# a middle value of what `runtime bench-verify` measures on the packaged models (docs/results/).
 VERIFY_ROW_COST = 0.15
 BUDGET_WEIGHT = 1 / 16  # DraftBudget: weight of the newest round in each position's running share
 BUDGET_PROBE_EVERY = 8  # DraftBudget: every this many cut rounds, one position more is drafted to re-measure it

@@ -28,7 +28,7 @@ def concatenated_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Te
     total = int(lengths.sum())
     if total == 0:
         return torch.empty(0, dtype=torch.long)
-    # output_size spares repeat_interleave a slow size pass (5 ms -> 0.5 ms for 64 ranges).
+    # output_size spares repeat_interleave its own pass over `lengths` to size the output.
     shifts = torch.repeat_interleave(starts - (torch.cumsum(lengths, 0) - lengths), lengths, output_size=total)
     return torch.arange(total) + shifts
 

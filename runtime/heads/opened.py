@@ -8,9 +8,9 @@ import torch
 
 from runtime.kernels import take_rows
 
-# Rows dequantized at a time: 1024 rows of float32 (2.5-3.5 MB on the packaged heads) stay in cache
-# while their dot products read them back. Gathered all at once, 64k rows of gemma3-270m's Q8_0 head
-# took 95 ms at one thread on the Zen 4 EPYC; in chunks of 1024, 17 ms (the same bits).
+# Rows dequantized at a time: 1024 rows of float32 (a few MB on the packaged heads) stay in cache
+# while their dot products read them back; gathered all at once, they left the cache before being
+# read (docs/certified-head.md, "A screen's opening budget"). The bits do not depend on the chunk.
 GATHER_CHUNK_ROWS = 1024
 
 

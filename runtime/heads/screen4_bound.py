@@ -32,11 +32,9 @@ from runtime.kernels import kernel_name, pack_screen4, screen4_gemv
 
 KAPPA = 64.0
 # Batches of more hidden rows go to the int8 screen when there is one. Per hidden row both kernels
-# spend one integer dot instruction per 32 weights; the 4-bit one streams ~0.6-0.7 of the bytes but
-# its wider radius leaves far more candidates to recompute exactly (real hidden states, one token:
-# gemma3-270m ~1200 rows against the int8 screen's ~11, qwen2.5-coder ~340 against ~2). Zen 4 EPYC,
-# 1 thread, screening plus recomputing, ms for 1 / 2 / 4 rows: gemma3-270m 7.5 / 9.4 / 11.4 against
-# the int8 screen's 8.2 / 7.9 / 10.1, qwen2.5-coder 3.2 / 4.0 / 8.3 against 5.5 / 4.7 / 7.2.
+# spend one integer dot instruction per 32 weights; the 4-bit one streams fewer bytes but its wider
+# radius leaves far more candidates to recompute exactly, which past two rows costs more than the
+# bytes saved (docs/certified-head.md, "The 4-bit screen's row limit").
 MAX_ROWS = 2
 
 

@@ -26,10 +26,9 @@ from runtime.heads.opened import Opened, exact_logits
 from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select
 
 # Past this share of the vocabulary, recomputing the candidates costs more than the full head's one
-# GEMV, so the row goes to the full head (a fallback). Break-even on the Zen 4 EPYC, one thread,
-# gathering in chunks: ~13 % of gemma3-270m's vocabulary, ~15 % of qwen2.5-coder's (a candidate row
-# costs ~0.3 us, a full-head row ~0.035 us). Greedy decoding opens ~0.01-0.5 %; top-p sampling at
-# temperature 1 opened up to ~34 %.
+# GEMV, so the row goes to the full head (a fallback): a candidate row is gathered and dequantized
+# alone, a full-head row streams. Set just under the measured break-even, far above what greedy
+# decoding opens (docs/certified-head.md, "A screen's opening budget").
 MAX_OPEN_FRACTION = 1 / 8
 
 # Relative slack for the few float32 roundings after the dot products (radius scaling,

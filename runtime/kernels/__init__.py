@@ -21,10 +21,9 @@ SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles o
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
 # The most drafts per verify round worth their rows on a kernel path, where that is fewer than the
 # methods' default (runtime.speculative.DEFAULT_GAMMA). AVX2 keeps three rows' accumulators in its 16
-# ymm registers and screens the head with 256-bit multiply-adds: on qwen2.5-coder (native, certified
-# head, 1 thread) a second row costs 1.11x a one-row verify, a third 1.54x, a fourth 2.41x (a second
-# pass over the weights), and spec:lookup+csv gained 1.25x over ar at one draft per round against
-# 1.08x at four and 1.13x adapting from four (HumanEval, at 88d7120; docs/results/xeon-no-amx-avx2.md).
+# ymm registers and screens the head with 256-bit multiply-adds, so each extra row costs a large share
+# of a one-row verify and a fourth a second pass over the weights; one draft per round measured best
+# (docs/results/xeon-no-amx-avx2.md has the per-row costs and the bench).
 PAYING_DRAFTS = {"avx2": 1}
 
 
