@@ -13,8 +13,10 @@ from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
 from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
 from runtime.speculative import MAX_GAMMA
 
-# The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...).
+# The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...),
+# deprecated: each use prints the --method spelling of what it ran, and the next release removes them.
 ALIASES = ("--drafter", "--gamma", "--adaptive", "--no-verifier", "--target-head")
+DEPRECATED = ("--bound", *ALIASES)
 BUDGET_OPTIONS = ("--cluster-budget and --adaptive-budget go with the cluster bound: --method csv:cluster or a method "
                   "ending in +csv:cluster")
 
@@ -102,7 +104,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     runtime generate art/smol --method spec:layers:6:adaptive+csv --chat --prompt "Hi!"
     runtime generate art/g270 --method spec:gp:256:act:no-verifier --prompt "def fib(n):"
     runtime generate art/g270 --method dynaspec:layers:16 --prompt "def fib(n):"
-    runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"   (the old flags)
+    runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"   (deprecated flags)
     """
     from runtime import api
     from runtime.methods import METHODS
@@ -114,6 +116,11 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     params = sampling_params(temperature, top_k, top_p, epsilon)
     spec = method_from_flags(method, bound, drafter, gamma, adaptive, no_verifier, target_head, cluster_budget,
                              adaptive_budget)
+    used = [flag for flag, value in zip(DEPRECATED, (bound, drafter, gamma, adaptive, no_verifier, target_head))
+            if value not in (None, False)]
+    if used:
+        click.echo(f"note: {', '.join(used)} {'is' if len(used) == 1 else 'are'} deprecated and removed in the next "
+                   f"release; the same method: --method {canonical(spec)}", err=True)
     if spec is not None and METHODS[spec.name].bench_only:
         raise click.UsageError(f"{spec} is a bench-only reference; use it in runtime bench --methods")
     api.check_sampling(params, [spec] if spec is not None else [])
