@@ -48,6 +48,9 @@ def checkpoint_config(config: EagleConfig, max_positions: int) -> dict:
         "attention_bias": False,
         "torch_dtype": "bfloat16",
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": list(config.feature_layers)},
+        # llama.cpp's converter reads the layer ids at the top level (vLLM and SGLang: under eagle_config);
+        # without them it assumes (2, N/2, N-3), wrong for a head trained on other layers.
+        "eagle_aux_hidden_state_layer_ids": list(config.feature_layers),
     }
 
 

@@ -153,7 +153,8 @@ def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
     params = session.artifact.stage_params("drafter")
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert config["draft_vocab_size"] == params["draft_vocab"] == 48
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == params["feature_layers"]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == params["feature_layers"]  # vLLM, SGLang
+    assert config["eagle_aux_hidden_state_layer_ids"] == params["feature_layers"]  # llama.cpp's converter
     weights = safetensors.torch.load_file(out / "model.safetensors")
     stage = session.artifact.read_stage("drafter")
     assert "draft_order" not in weights and "midlayer.self_attn.q_proj.weight" in weights
