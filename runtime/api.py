@@ -47,8 +47,8 @@ def set_threads(threads: int | None = None) -> int:
     """Set the decoding threads and return their count.
 
     `threads`: 1 up to the cores this process may run on, used in every parallel region; None: every
-    one of those cores, the kernels leaving the extra ones alone while measured regions show they do
-    not pay (another process holds a core: docs/contention.md). Outputs are the same bits either way.
+    one of those cores, the kernels leaving the extra ones alone while their workers wait for a core
+    (another process holds one: docs/contention.md). Outputs are the same bits either way.
 
     The compiled kernels run on their own pool; torch's ops between them (and prefill's attention) run
     on one thread, as its OpenMP workers split each op statically and spin after it on the core the

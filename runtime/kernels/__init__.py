@@ -41,7 +41,7 @@ def set_kernel_threads(threads: int, adaptive: bool) -> None:
     """The threads of every kernel region (the caller's included), and whether the workers stand down.
 
     The kernels run on their own pool (pool.h), not torch's OpenMP threads. `adaptive` (the default
-    thread count): when measured regions show a core taken by another process, regions run on the
+    thread count): when the workers wait for a core (another process holds one), regions run on the
     calling thread alone for a while, then the workers are tried again (pool.h's Fallback). False, for
     a count the user chose: every region uses every thread. Results are the same bits either way.
     """

@@ -59,10 +59,11 @@ inline void cpu_relax() {
 // is awake gets its core at once; when another process holds a core, the caller, the worker and that
 // process share two cores and the worker waits about a third of its time, stalling every region whose
 // chunk it holds; a quiet machine's own chatter (kernel threads, a shell) costs a few percent, well
-// under kTaken (docs/contention.md has the figures). Over each window of kWindow seconds with the workers in use: when they waited more
-// than kTaken of it, regions run on the caller alone for a backoff, then a probe window tries the
-// workers again; the backoff doubles after each failed probe (a busy machine pays a probe rarely) and
-// resets after a good one (a machine that turns quiet gets its second core back within kMaxBackoff).
+// under kTaken (docs/contention.md has the figures). Over each window of kWindow seconds with the
+// workers in use: when they waited more than kTaken of it, regions run on the caller alone for a
+// backoff, then a probe window tries the workers again; the backoff doubles after each failed probe
+// (a busy machine pays a probe rarely) and resets after a good one (a machine that turns quiet gets
+// its second core back within kMaxBackoff).
 // A cause, not an effect: comparing a region's time with the caller's alone estimate also condemned
 // regions bound by memory bandwidth, and a window of them stood the workers down for every kernel.
 class Fallback {
