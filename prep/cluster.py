@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from runtime.numerics import round_up_to_float32
+from runtime.common.numerics import round_up_to_float32
 
 _CHUNK = 16384
 

@@ -17,8 +17,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-from runtime.data import SPLITS
 from runtime.drafters.onedecode import FIELDS, LEVELS, PAIR, SINGLE, tensor_name
+from runtime.text.data import SPLITS
 
 TRACE_KEYS = ["input_ids", "position", "top_ids", "top_probs", "split"]
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from artifacts.atomic import atomic_write_bytes
 from prep.traces import CODE_CORPUS, stdlib_texts
-from runtime.data import sharegpt_prompts
+from runtime.text.data import sharegpt_prompts
 
 CODE_PROMPT_CHARS = 600  # a source file's opening: imports, a docstring, the first definitions
 SOURCES = ("sharegpt", CODE_CORPUS)

@@ -1,4 +1,4 @@
-"""`prep train-router`: train the DynaSpec router (runtime.router.Router) with Lightning on traces.
+"""`prep train-router`: train the DynaSpec router (runtime.drafters.router.Router) with Lightning on traces.
 
 Target per position t: the cluster of the target's top-1 next token (loss "ce"), or the clusters
 of its top tokens (loss "multilabel", see prep.router_loss), from E(x_t) and h_{t-1} (zeros at a
@@ -27,8 +27,8 @@ from prep.router_loss import positive_clusters, router_loss
 from prep.router_trainer import fit_and_validate, lightning_flags
 from prep.trace_files import load_traces, require_split, traces_of
 from prep.traces import SPLITS, build_traces, parse_layers
-from runtime.checks import is_digits
-from runtime.router import ONNX_FILE, Router, export_onnx
+from runtime.common.checks import is_digits
+from runtime.drafters.router import ONNX_FILE, Router, export_onnx
 
 RECALL_KS = (1, 2, 4, 8, 16, 32, 64)
 

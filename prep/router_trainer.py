@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from tqdm import tqdm
 
-from runtime.checks import is_digits
+from runtime.common.checks import is_digits
 
 STRATEGIES = ("auto", "ddp_spawn")
 ACCELERATORS = ("auto", "cpu", "gpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from runtime.numerics import quantize_groups_int8, round_up_to_float32
+from runtime.common.numerics import quantize_groups_int8, round_up_to_float32
 
 # Group sizes measured for every model; the kernel handles any multiple of 16 dividing d.
 CANDIDATE_GROUPS = (0, 64, 32)  # 0 = one scale per row

@@ -19,9 +19,9 @@ import torch
 from tqdm import tqdm
 
 from prep.traces import corpus_texts
-from runtime.data import split_of
+from runtime.text.data import split_of
 from artifacts.schema import SCREEN4_ROW_NORMS
-from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
+from runtime.common.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
 
 # Rank, group and calibration texts come from the recipe's [screen4] section (prep.recipes), with the measurements.
 GROUPS = (32, 64)  # columns per scale and minimum

@@ -23,7 +23,7 @@ from artifacts.atomic import atomic_write
 from artifacts.format import MANIFEST_FILE
 from artifacts.manifest import FileRecord, file_problem, file_record
 from prep.folders import locked_folder
-from runtime.data import SPLITS
+from runtime.text.data import SPLITS
 
 INDEX_FILE = "index.json"
 TRACES_FORMAT = 1

@@ -16,7 +16,7 @@ JSON file of texts.
 
 Texts are assigned to shards and to a split (train / validation / heldout) before any forward
 runs. A packaged corpus's text is split by a hash of the corpus and its index
-(`runtime.data.split_of`, which also keeps ShareGPT bench prompts out of training); a file's text by
+(`runtime.text.data.split_of`, which also keeps ShareGPT bench prompts out of training); a file's text by
 a hash of its content (`split_of_text`), so moving or reordering the file keeps every split. A
 rerun therefore finds the same shards: a shard whose file is intact and whose index entry is
 unchanged is skipped. A rerun may add traces (a larger budget) but, without --force, neither
@@ -41,10 +41,10 @@ from artifacts.atomic import atomic_write
 from artifacts.writing import save_tensors
 from prep.trace_files import (CHECKSUM_FIELDS, INDEX_FILE, TRACES_FORMAT, read_index, remove_unlisted_shards, shard_checksum,
                               shard_intact, shard_name, write_index, writing_traces)
-from runtime.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
+from runtime.text.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
                           sharegpt_conversations, split_of, split_of_text)
 from runtime.backends.hf import TransformersTarget
-from runtime.checks import comma_items, is_digits
+from runtime.common.checks import comma_items, is_digits
 
 TOP_TOKENS = 8
 CODE_CORPUS = "pystdlib"  # the Python standard library's own source: code context outside HumanEval
@@ -79,7 +79,7 @@ def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
                 if isinstance(t, dict) and t.get("from") in SHAREGPT_ROLES and isinstance(t.get("value"), str)
             ]
             # An empty text for a conversation without turns keeps text i = conversation i, the
-            # index runtime.data.split_of assigns bench prompts by.
+            # index runtime.text.data.split_of assigns bench prompts by.
             yield render_chat(tokenizer, turns) if turns else ""
     else:
         yield from corpus_file_texts(corpus)

@@ -2,7 +2,7 @@
 generate with any method of the grammar in runtime.methods, streaming tokens, or bench methods side by side.
 
     from runtime import api
-    from runtime.sampling import SamplingParams
+    from runtime.common.sampling import SamplingParams
 
     engine = api.load("art/g270")                   # the artifact and the model it was built for
     engine.generate("def fib(n):").text             # the fastest exact method (Engine.default_method)
@@ -26,17 +26,17 @@ from pathlib import Path
 
 import torch
 
-from runtime.checks import first_surrogate, require, require_count
-from runtime.decode import TokenStream
+from runtime.common.checks import first_surrogate, require, require_count
+from runtime.common.sampling import MAX_SEED, MIN_RESPONSE_TOKENS, SamplingParams
+from runtime.common.stats import DecodeStats
 from runtime.kernels import kernel_name, set_kernel_threads
 from runtime.kernels.build import usable_cores
+from runtime.loops.decode import TokenStream
 from runtime.method_builders import Method, build_method
 from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
-from runtime.prompting import encode_prompt
-from runtime.sampling import MAX_SEED, MIN_RESPONSE_TOKENS, SamplingParams
 from runtime.session import Session, open_session
-from runtime.stats import DecodeStats
-from runtime.stopping import StopStrings
+from runtime.text.prompting import encode_prompt
+from runtime.text.stopping import StopStrings
 
 # A prompt longer than this many characters per token of the model's context is refused before it is
 # tokenized (tokenizing 10 MB of text takes ~8 s and ~1.5 GB); real text averages 3-5 characters per token.
@@ -79,7 +79,7 @@ def check_sampling(sampling: SamplingParams, specs: Sequence[MethodSpec]) -> Non
     No specs: the default method, which is not csv.
     """
     if not isinstance(sampling, SamplingParams):
-        raise TypeError("sampling must be a runtime.sampling.SamplingParams, e.g. SamplingParams(temperature=0.7), "
+        raise TypeError("sampling must be a runtime.common.sampling.SamplingParams, e.g. SamplingParams(temperature=0.7), "
                         f"got {sampling!r}")
     if sampling.epsilon is not None and not any(spec.name == "csv" for spec in specs):
         names = ", ".join(spec.text or str(spec) for spec in specs) or "the default method"
@@ -363,8 +363,8 @@ def _token_ids(prompt) -> torch.Tensor:
 def _llamacpp_builds(built: Sequence[Method]) -> dict:
     """The llama.cpp builds among the methods, each as version and instruction sets: "llamacpp_build"
     (llama-cpp-python's, for llamacpp and llamacpp:lookup) and "llamacpp_bin_build" (llama-server's)."""
-    from runtime.llamacpp import LlamaCppDecoder, build_info
-    from runtime.llamacpp_server import LlamaServerDecoder
+    from runtime.llamacpp.bindings import LlamaCppDecoder, build_info
+    from runtime.llamacpp.server import LlamaServerDecoder
 
     builds = {}
     for method in built:
@@ -403,7 +403,7 @@ class Generation:
     """Token ids of one generation as they are appended; `text` and `stats` once it is over; `note`
     when max_new_tokens was lowered to fit the model's context.
 
-    Iterating runs the decoding loop in the caller's thread, one token per step (runtime.decode says
+    Iterating runs the decoding loop in the caller's thread, one token per step (runtime.loops.decode says
     why not in another thread); closing the iterator early (or leaving a `for` loop) ends the loop there.
     """
 

@@ -11,22 +11,22 @@ from typing import Protocol
 
 import torch
 
-from runtime.decode import TokenStream, drive, stream_ar
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import DecodeStats
 from runtime.drafters import DRAFTERS, DraftContext
 from runtime.drafters.dynaspec import ShortlistDrafting
 from runtime.heads import CertifiedHead, FullHead
 from runtime.heads.screen_draft import ScreenDraftHead
+from runtime.loops.decode import TokenStream, drive, stream_ar
+from runtime.loops.speculative import DEFAULT_GAMMA, DraftBudget, stream_speculative
 from runtime.methods import MethodSpec, parse_method
-from runtime.sampling import SamplingParams
 from runtime.session import Session
-from runtime.speculative import DEFAULT_GAMMA, DraftBudget, stream_speculative
-from runtime.stats import DecodeStats
-from runtime.stopping import StopStrings
+from runtime.text.stopping import StopStrings
 
 
 class Streamer(Protocol):
     """(prompt [P], max new tokens, sampling, generator, min_new_tokens: the EOS guard, stop strings) ->
-    a token stream (runtime.decode): each new token as it is appended, then (tokens, stats)."""
+    a token stream (runtime.loops.decode): each new token as it is appended, then (tokens, stats)."""
 
     def __call__(
         self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator: torch.Generator | None,
@@ -89,10 +89,10 @@ def autoregressive(session: Session, spec: MethodSpec) -> Streamer:
 def llamacpp(session: Session, spec: MethodSpec) -> Streamer:
     """llama.cpp's plain (llamacpp:lookup: prompt lookup) decoding of the session model's GGUF, with this
     process's thread count; llamacpp:bin: by llama.cpp's own llama-server binary."""
-    from runtime.llamacpp import LlamaCppDecoder
+    from runtime.llamacpp.bindings import LlamaCppDecoder
 
     if spec.options == ("bin",):
-        from runtime.llamacpp_server import LlamaServerDecoder
+        from runtime.llamacpp.server import LlamaServerDecoder
 
         return LlamaServerDecoder(session.model.gguf_path, session.target.eos_token_ids)
     lookup = int(spec.options[1]) if spec.options else None
@@ -154,7 +154,7 @@ def tree(session: Session, spec: MethodSpec) -> Streamer:
     """swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, or the lookup
     drafter's K continuations), one target forward each."""
     from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
-    from runtime.tree_speculative import LookupTrees, SlotTrees, TableTrees, stream_tree
+    from runtime.loops.tree_speculative import LookupTrees, SlotTrees, TableTrees, stream_tree
 
     _tree_target(session)
     head = target_head(session, spec)
@@ -178,8 +178,8 @@ def tree(session: Session, spec: MethodSpec) -> Streamer:
 
 
 def mjsd(session: Session, spec: MethodSpec) -> Streamer:
-    """mjsd: beam drafts verified by joint likelihood (NOT distribution-preserving; runtime.mjsd)."""
-    from runtime.mjsd import BeamDrafts, stream_mjsd
+    """mjsd: beam drafts verified by joint likelihood (NOT distribution-preserving; runtime.loops.mjsd)."""
+    from runtime.loops.mjsd import BeamDrafts, stream_mjsd
 
     _tree_target(session)
     head = target_head(session, spec)

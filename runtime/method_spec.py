@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from runtime.common.sampling import SamplingParams
 from runtime.heads import BOUNDS
-from runtime.sampling import SamplingParams
 
 HEADS = ("full", *(f"csv:{bound}" for bound in BOUNDS))
 NOT_PRESERVING = "not distribution-preserving"  # said beside every name of such a method (help, generate, bench)

@@ -17,7 +17,7 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
 DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Without gamma=G, spec drafts 4 tokens
 per round (adapting within 1..8), or fewer where the verifier pays for fewer: 1 on the AVX2 kernels
 (runtime.kernels.PAYING_DRAFTS), and only the positions whose recent drafts were accepted often
-enough to pay for their verify rows (runtime.speculative.DraftBudget); with gamma=G every round
+enough to pay for their verify rows (runtime.loops.speculative.DraftBudget); with gamma=G every round
 drafts what the drafter finds, up to G. Trees and MJSD go 4 deep. Adding a method is one
 `register_method` call (name, parser, builder, help line, whether it preserves the target's
 distribution); the builders live in runtime.method_builders.
@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from runtime.checks import comma_items, is_digits
+from runtime.common.checks import comma_items, is_digits
 from runtime.drafters import DRAFTERS, drafters_help, parse_drafter
 from runtime.method_spec import (HEADS, METHODS, NOT_PRESERVING, DrafterSpec, MethodEntry, MethodSpec, canonical, marked,
                                   preserves_distribution, register_method)
-from runtime.speculative import MAX_GAMMA
+from runtime.loops.speculative import MAX_GAMMA
 
 LOOP_OPTIONS = ("gamma", "adaptive", "no-verifier")  # spec options the loop takes (loop_options), each at most once
 DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "

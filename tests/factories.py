@@ -159,7 +159,7 @@ def tiny_engine(model_dir: Path, root: Path):
 
 def real_texts() -> list[str]:
     """Code and chat texts, interleaved, to run the real model over."""
-    from runtime.data import humaneval_prompts, sharegpt_prompts
+    from runtime.text.data import humaneval_prompts, sharegpt_prompts
 
     code, chat = humaneval_prompts(20), sharegpt_prompts(20)
     return [text for pair in zip(code, chat) for text in pair]

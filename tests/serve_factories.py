@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import httpx
 
 from runtime.api import Engine, Generation
+from runtime.common.sampling import SamplingParams
 from runtime.method_builders import build_method
-from runtime.sampling import SamplingParams
 from runtime.serve.app import create_app
 from runtime.serve.scheduler import Scheduler
 from runtime.serve.server import listen, start_http

@@ -11,9 +11,9 @@ from factories import threads_restored, tiny_engine
 from runtime import api
 from runtime.kernels import decode_threads
 from runtime.kernels.build import usable_cores
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.methods import parse_method
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_a_finished_generation_iterates_to_nothing_more(engine):
 
 def test_decoding_runs_in_the_iterating_thread(engine, monkeypatch):
     # A loop on another Python thread gets a second OpenMP pool, and libgomp then stops spinning
-    # (runtime.decode): every forward must run on the thread that iterates.
+    # (runtime.loops.decode): every forward must run on the thread that iterates.
     target, threads = engine.session.target, set()
     forward = target.forward
     monkeypatch.setattr(target, "forward", lambda *a, **k: (threads.add(threading.get_ident()), forward(*a, **k))[1])

@@ -14,7 +14,7 @@ import torch
 
 from factories import tiny_engine
 from runtime import api
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 
 PROMPT = "w5 w9 w31 w5 w9"
 

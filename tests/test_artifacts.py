@@ -225,7 +225,7 @@ def test_artifacts_imports_no_runtime_prep_or_heavy_deps() -> None:
 
 
 def test_describe_artifact(art: Artifact) -> None:
-    from runtime.describe import describe_artifact
+    from runtime.cli.describe import describe_artifact
 
     report, valid = describe_artifact(art.path, make_model())
     assert valid and report.endswith("valid: yes")
@@ -257,7 +257,7 @@ def test_a_stage_holding_another_stages_file_is_a_schema_error(art: Artifact) ->
     _rewrite_record(art, Stage.SCREEN, "screen.safetensors")
     with pytest.raises(SchemaMismatch, match=r"lacks tensor\(s\) qweight.*holds stage 'clusters'.*--force"):
         Artifact.open(art.path).read_stage(Stage.SCREEN)
-    from runtime.describe import describe_artifact
+    from runtime.cli.describe import describe_artifact
 
     report, valid = describe_artifact(art.path)  # its checksum passes, so only reading it finds the problem
     assert not valid and "screen.safetensors: 0.00 MiB, checksum ok" in report

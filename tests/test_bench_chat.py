@@ -6,8 +6,8 @@ import torch
 
 from runtime.method_builders import Method
 from runtime.bench.runner import run_bench
-from runtime.sampling import SamplingParams
-from runtime.stats import DecodeStats
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import DecodeStats
 
 
 def test_run_bench_passes_the_guard_to_every_decode():

@@ -20,8 +20,8 @@ from runtime.bench.report import markdown_table
 from runtime.bench.runner import run_bench, summarize
 from runtime.heads import FullHead
 from runtime.method_builders import Method
-from runtime.sampling import SamplingParams
-from runtime.stats import DecodeStats
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import DecodeStats
 
 PROMPTS = ["w5 w9 w31 w5 w9", "hi w7 w8 w7 w8"]
 
@@ -240,7 +240,7 @@ def test_cli_bench_json_and_table_carry_both_columns(engine, no_counters, tmp_pa
 @pytest.mark.real_model
 def test_real_qwen_exact_greedy_methods_share_ar_perplexity(qwen_session, no_counters):
     """qwen2.5-coder on its default backend (native): the equality holds on a real model and real prompts."""
-    from runtime.data import humaneval_prompts
+    from runtime.text.data import humaneval_prompts
 
     engine = api.Engine(qwen_session)
     record = engine.bench(["csv:screen", "spec:ngram", "spec:int8"], humaneval_prompts(2), max_new_tokens=16)

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from artifacts import Stage
-from runtime.data import humaneval_prompts, sharegpt_prompts
-from runtime.decode import generate_ar
+from runtime.text.data import humaneval_prompts, sharegpt_prompts
+from runtime.loops.decode import generate_ar
 from runtime.heads import ClusterBound, ScreenBound
 from runtime.heads.screen4_bound import Screen4Bound
-from runtime.sampling import SamplingParams
-from runtime.prompting import encode_prompt
+from runtime.common.sampling import SamplingParams
+from runtime.text.prompting import encode_prompt
 from runtime.kernels import dequantize
 
 pytestmark = pytest.mark.real_model

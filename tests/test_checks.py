@@ -1,10 +1,10 @@
-"""runtime.checks.comma_items: the one split of a comma-separated option value, and its one-line refusals."""
+"""runtime.common.checks.comma_items: the one split of a comma-separated option value, and its one-line refusals."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.checks import comma_items
+from runtime.common.checks import comma_items
 
 
 @pytest.mark.parametrize("text, items", [

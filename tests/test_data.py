@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import data
+from runtime.text import data
 
 # Multi-byte characters, nesting and numbers exercise chunk boundaries.
 ITEMS = [{"id": i, "text": "é€😀" * i, "nested": [1.5, None, True]} for i in range(12)]

@@ -201,8 +201,8 @@ def test_pytest_command_in_the_readme_is_the_ci_one():
 def api_objects() -> list:
     """What a README snippet may call or read: runtime.api and the types its calls return."""
     from runtime import api
-    from runtime.sampling import SamplingParams
-    from runtime.stats import DecodeStats, HeadStats, SpecStats
+    from runtime.common.sampling import SamplingParams
+    from runtime.common.stats import DecodeStats, HeadStats, SpecStats
 
     return [api, api.Engine, api.Generation, DecodeStats, SpecStats, HeadStats, SamplingParams]
 
@@ -395,7 +395,7 @@ def test_every_code_name_path_and_method_in_the_docs_exists():
 
 def test_the_name_check_catches_a_renamed_function_a_moved_file_and_a_bad_method():
     assert name_problems("stream_rounds") == [] and name_problems("run_rounds")
-    assert name_problems("runtime/speculative.py") == [] and name_problems("runtime/rounds.py")
+    assert name_problems("runtime/loops/speculative.py") == [] and name_problems("runtime/rounds.py")
     assert name_problems("runtime.methods.parse_method") == [] and name_problems("runtime.methods.parse_name")
     assert name_problems("spec:lookup+csv:screen4") == [] and name_problems("spec:lookup+csv:screen9")
 

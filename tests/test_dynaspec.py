@@ -15,16 +15,16 @@ from click.testing import CliRunner
 
 from prep import recipes
 from prep.traces import INDEX_FILE
-from runtime.data import split_of_text
+from runtime.text.data import split_of_text
 from runtime.cli import main as runtime_main
 from runtime.method_builders import build_method
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage
 from runtime.heads import FullHead
-from runtime.sampling import SamplingParams
-from runtime.router import RouterRunner
+from runtime.common.sampling import SamplingParams
+from runtime.drafters.router import RouterRunner
 from runtime.session import open_session
-from runtime.speculative import generate_speculative
+from runtime.loops.speculative import generate_speculative
 from tests.factories import prep_ok
 
 TEXTS = 80

@@ -10,10 +10,10 @@ import torch
 from prep.router_loss import positive_clusters, router_loss
 from prep.traces import split_of
 from runtime.heads import FullHead
-from runtime.sampling import SamplingParams, warp
+from runtime.common.sampling import SamplingParams, warp
 from runtime.heads.shortlist import ShortlistHead
-from runtime.router import Router, position_budget
-from runtime.verify import verify_exact
+from runtime.drafters.router import Router, position_budget
+from runtime.loops.verify import verify_exact
 
 
 def test_router_forward_shapes_and_state_roundtrip():
@@ -107,7 +107,7 @@ def test_sharegpt_bench_prompts_are_held_out_of_router_training():
     """Bench prompts come from held-out conversations; prep traces trains only on the other splits."""
     from itertools import islice
 
-    from runtime.data import sharegpt_conversations, sharegpt_prompts
+    from runtime.text.data import sharegpt_conversations, sharegpt_prompts
 
     prompts = sharegpt_prompts(4)
     firsts = {}

@@ -13,8 +13,8 @@ from prep.stages import created_by
 from prep.traces import build_traces
 from runtime.backends.hf import TransformersTarget
 from runtime.method_builders import build_method
-from runtime.decode import generate_ar
-from runtime.sampling import SamplingParams
+from runtime.loops.decode import generate_ar
+from runtime.common.sampling import SamplingParams
 from runtime.session import Session
 
 pytestmark = pytest.mark.real_model

@@ -11,13 +11,13 @@ import torch
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
-from runtime.decode import generate_ar
+from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, feature_layers
 from runtime.heads import FullHead
 from runtime.kernels import dequantize
+from runtime.loops.decode import generate_ar
 from runtime.method_builders import build_method
-from runtime.sampling import SamplingParams
 from runtime.session import open_session
 from tests.factories import prep_ok, save_tiny_model_dir
 

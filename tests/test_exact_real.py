@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter
 from runtime.heads import CertifiedHead
-from runtime.prompting import encode_prompt
-from runtime.speculative import generate_speculative
-from runtime.stopping import StopStrings
-from runtime.sampling import SamplingParams, warp
-from runtime.verify import verify_exact
+from runtime.text.prompting import encode_prompt
+from runtime.loops.speculative import generate_speculative
+from runtime.text.stopping import StopStrings
+from runtime.common.sampling import SamplingParams, warp
+from runtime.loops.verify import verify_exact
 
 pytestmark = pytest.mark.real_model
 

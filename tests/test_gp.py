@@ -17,13 +17,13 @@ from prep.cli import main as prep_main
 from prep.gp_basis import build_gp_basis
 from runtime.method_builders import build_method
 from runtime.cli import main as runtime_main
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import build_drafter
 from runtime.drafters.gp import GPDrafter, GPStage, low_rank_copy
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 from runtime.backends.layers import Projection
 from runtime.session import open_session
-from runtime.speculative import generate_speculative
+from runtime.loops.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
 
 PROMPT = "hi w5 w9 w5 w9 w5"

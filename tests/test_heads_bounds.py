@@ -13,7 +13,7 @@ from prep.screen import quantize_int8
 from runtime.heads.opened import GATHER_CHUNK_ROWS
 from runtime.heads.opened import exact_logits as opened_exact_logits
 from runtime.heads.screen_bound import _SLACK
-from runtime.numerics import dot_rounding_gamma
+from runtime.common.numerics import dot_rounding_gamma
 from runtime.kernels import _screen_gemv_torch, screen_gemv, screen_select
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from factories import TinyHead, random_hidden
 from head_factories import cluster_bound, exact_logits, hidden_sets, screen_bound
 from runtime.heads import CertifiedHead, FullHead
-from runtime.sampling import SamplingParams, gumbel_noise
+from runtime.common.sampling import SamplingParams, gumbel_noise
 
 SAMPLING_MODES = {
     "greedy": SamplingParams(),

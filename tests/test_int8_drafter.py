@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import build_drafter
 from runtime.drafters.int8 import Int8Drafter, Int8Projection, int8_copy
 from runtime.heads import FullHead
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 from runtime.backends.layers import Projection
 from runtime.backends.lean import lean_target
-from runtime.speculative import generate_speculative
+from runtime.loops.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
 from factories import tiny_causal_lm
 

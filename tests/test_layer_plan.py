@@ -1,4 +1,4 @@
-"""The compiled one-call layer (runtime/kernels/layer_plan.h) computes the step-by-step ladder's bits.
+"""The compiled one-call layer (runtime/kernels/csrc/layer_plan.h) computes the step-by-step ladder's bits.
 
 The same target with plans on and off (every layer's `compiled` set to False): a prefill longer than
 SKINNY_MAX_ROWS (the step-by-step path either way), one-token steps, a verify chain and a token

@@ -25,14 +25,12 @@ def test_runtime_imports_no_training_or_clustering_library():
 
 # Layers of the runtime, bottom to top: a module may import its own layer and the ones below, never above.
 LAYERS = [
-    ("runtime.checks", "runtime.numerics", "runtime.kernels", "runtime.sampling", "runtime.stats", "runtime.models", "runtime.data",
-     "runtime.prompting", "runtime.stopping", "runtime.router", "runtime.describe", "runtime.rowwise"),
-    ("runtime.backends", "runtime.heads", "runtime.verify",
-     "runtime.trees", "runtime.verify_tree"),
+    ("runtime.common", "runtime.kernels", "runtime.models", "runtime.text", "runtime.drafters.router",
+     "runtime.cli.describe", "runtime.heads.rowwise"),
+    ("runtime.backends", "runtime.heads", "runtime.loops.verify", "runtime.drafters.trees", "runtime.loops.verify_tree"),
     ("runtime.drafters", "runtime.session"),
-    ("runtime.decode", "runtime.speculative", "runtime.tree_speculative", "runtime.mjsd"),
-    ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp",
-     "runtime.llamacpp_server"),
+    ("runtime.loops",),
+    ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),
     ("runtime.api",),
     ("runtime.serve",),
     ("runtime.cli", "runtime.__main__"),
@@ -84,7 +82,7 @@ def test_drafters_and_heads_import_no_loop_bench_cli_or_api():
     from pathlib import Path
 
     root = Path(runtime.__file__).parent
-    forbidden = ("runtime.speculative", "runtime.decode", "runtime.bench", "runtime.cli", "runtime.api",
+    forbidden = ("runtime.loops.speculative", "runtime.loops.decode", "runtime.bench", "runtime.cli", "runtime.api",
                  "runtime.methods", "runtime.method_spec", "runtime.method_builders")
     for package in ("drafters", "heads"):
         for path in (root / package).rglob("*.py"):

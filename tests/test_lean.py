@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from runtime.backends import choose_backend, make_target
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 from runtime.kernels import SKINNY_MAX_ROWS, kernel_name, linear
 from runtime.backends.layers import UnsupportedModel
 from runtime.backends.lean import lean_target
-from runtime.speculative import generate_speculative
+from runtime.loops.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
 from factories import TINY_ARCHS, tiny_causal_lm
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from runtime.llamacpp import LlamaCppUnavailable, load_llama
+from runtime.llamacpp.bindings import LlamaCppUnavailable, load_llama
 from runtime.methods import canonical, parse_method
 
 HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.llamacpp import LlamaCppUnavailable, features_line
-from runtime.llamacpp_server import BIN_ENV, LlamaServerDecoder, find_server
+from runtime.common.sampling import SamplingParams
+from runtime.llamacpp.bindings import LlamaCppUnavailable, features_line
+from runtime.llamacpp.server import BIN_ENV, LlamaServerDecoder, find_server
 from runtime.methods import canonical, parse_method
-from runtime.sampling import SamplingParams
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 EOS = frozenset({1})
@@ -136,7 +136,7 @@ def test_bench_runs_the_binary_beside_ar_and_records_its_build(fake_server: Path
 
 
 def _drive(stream):
-    from runtime.decode import drive
+    from runtime.loops.decode import drive
 
     return drive(stream)
 

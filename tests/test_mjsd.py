@@ -8,11 +8,11 @@ import itertools
 import pytest
 import torch
 
+from runtime.common.sampling import SamplingParams, warp
 from runtime.drafters.beam import beam_search
-from runtime.sampling import SamplingParams, warp
-from runtime.trees import ROOT
-from runtime.verify import verify_greedy
-from runtime.verify_tree import verify_joint, verify_joint_tree
+from runtime.drafters.trees import ROOT
+from runtime.loops.verify import verify_greedy
+from runtime.loops.verify_tree import verify_joint, verify_joint_tree
 
 V = 6
 

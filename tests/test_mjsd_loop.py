@@ -1,4 +1,4 @@
-"""MJSD end to end (runtime.mjsd) on the tiny Llama: the drafter's beam search over tree forwards gives
+"""MJSD end to end (runtime.loops.mjsd) on the tiny Llama: the drafter's beam search over tree forwards gives
 the beams and joint log q of a reference search over fresh chain forwards; with the target as its own
 drafter every draft passes (p = q), width 1 is greedy decoding and width 4 appends the target's own
 best beam then its argmax; token limits and EOS hold; it is registered as not distribution-preserving.
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from runtime.backends.lean import lean_target
-from runtime.decode import generate_ar
+from runtime.common.sampling import SamplingParams
 from runtime.drafters import LayerDrafter
 from runtime.drafters.beam import beam_search
 from runtime.drafters.layers import BackendDrafter
 from runtime.heads import FullHead
+from runtime.loops.decode import generate_ar
+from runtime.loops.mjsd import BeamDrafts, generate_mjsd, joint_probs
 from runtime.methods import METHODS, parse_method
-from runtime.mjsd import BeamDrafts, generate_mjsd, joint_probs
-from runtime.sampling import SamplingParams
 
 PROMPT = [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5]
 

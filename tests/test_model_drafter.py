@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from factories import tiny_artifact
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import ModelDrafter, build_drafter
 from runtime.drafters.model import head_in_target_space
 from runtime.heads import FullHead
 from runtime.models import load_model
-from runtime.speculative import generate_speculative
+from runtime.loops.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
-from runtime.sampling import SamplingParams, TokenBan
-from runtime.verify import Verdict
+from runtime.common.sampling import SamplingParams, TokenBan
+from runtime.loops.verify import Verdict
 
 NEW_TOKENS = 24
 PROMPTS = [[5, 6, 7, 8] * 5, list(range(10, 30)), [3], [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5]]

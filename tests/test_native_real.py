@@ -12,8 +12,8 @@ import torch
 
 from runtime.backends.lean import lean_target
 from runtime.backends.native import native_target
-from runtime.decode import generate_ar
 from runtime.heads import FullHead
+from runtime.loops.decode import generate_ar
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 STEPS = 128

@@ -17,12 +17,12 @@ from artifacts import Artifact
 from artifacts.format import Stage
 from prep.onedecode import build_table, evaluate
 from prep.traces import INDEX_FILE, TRACES_FORMAT
-from runtime.data import SPLITS
+from runtime.text.data import SPLITS
 from runtime.drafters.base import Proposal
 from runtime.drafters.ngram import NgramDrafter
 from runtime.drafters.onedecode import FirstProposal, OneDecodeDrafter, OneDecodeTable, tensor_name
-from runtime.sampling import SamplingParams
-from runtime.verify import Verdict
+from runtime.common.sampling import SamplingParams
+from runtime.loops.verify import Verdict
 
 V = 32  # make_model's vocabulary
 TOP = 8

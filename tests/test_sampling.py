@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.sampling import TOP_SET_SIZES, SamplingParams, allowed_mask
+from runtime.common.sampling import TOP_SET_SIZES, SamplingParams, allowed_mask
 
 VOCAB = 40_000  # more than the largest sorted prefix tried, so a flat row needs the full sort
 

@@ -58,7 +58,7 @@ def test_a_fiber_never_resumed_closes_without_a_thread():
 def test_row_calls_on_one_fn_run_once_over_their_rows_and_split_back():
     import torch
 
-    from runtime.rowwise import RowCall, run_calls
+    from runtime.heads.rowwise import RowCall, run_calls
 
     seen = []
 

@@ -7,7 +7,7 @@ import pytest
 from factories import tiny_engine
 from runtime.backends.decoder import PREFILL_CHUNK
 from runtime.kernels import SKINNY_MAX_ROWS
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started
 from serve_factories import alone
 

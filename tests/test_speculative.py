@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from prep.screen import build_screen
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import LayerDrafter, LookupDrafter, NgramDrafter
 from runtime.methods import DrafterSpec, parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.drafters.base import Proposal
-from runtime.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, draft_lengths,
+from runtime.loops.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, draft_lengths,
                                   generate_speculative, next_gamma)
 from runtime.backends.hf import TransformersTarget
 from runtime.backends.lean import lean_target
-from runtime.sampling import SamplingParams
-from runtime.verify import Verdict
+from runtime.common.sampling import SamplingParams
+from runtime.loops.verify import Verdict
 
 NEW_TOKENS = 24
 

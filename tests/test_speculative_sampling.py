@@ -9,8 +9,8 @@ import torch
 
 from runtime.drafters import Proposal
 from runtime.heads import FullHead
-from runtime.speculative import drop_banned, generate_speculative
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, warp
+from runtime.loops.speculative import drop_banned, generate_speculative
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, warp
 
 V = 12
 

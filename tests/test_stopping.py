@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from factories import tiny_artifact
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import LayerDrafter, NgramDrafter
 from runtime.heads import FullHead
-from runtime.speculative import generate_speculative
-from runtime.stopping import StopStrings
+from runtime.loops.speculative import generate_speculative
+from runtime.text.stopping import StopStrings
 from runtime.backends.hf import TransformersTarget
 
 NEW_TOKENS = 20

@@ -1,4 +1,4 @@
-"""SWARM token-tree speculative decoding (runtime.tree_speculative): greedy outputs identical to
+"""SWARM token-tree speculative decoding (runtime.loops.tree_speculative): greedy outputs identical to
 generate_ar for trees from a backend drafter's top-K per slot (layers:1, int8) and from a OneDecode
 table, K = 2, 4, 8 and 7..32 nodes; EOS, token limits and the EOS guard at any position; an end-to-end
 sampling check against the exact law of the first tokens; the method names in generate and bench; and
@@ -16,13 +16,13 @@ from click.testing import CliRunner
 
 from factories import tiny_artifact
 from runtime.backends.lean import lean_target
-from runtime.decode import generate_ar
+from runtime.loops.decode import generate_ar
 from runtime.drafters import Int8Drafter, LayerDrafter, LookupDrafter
 from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
 from runtime.heads import FullHead
-from runtime.sampling import SamplingParams, TokenBan, warp
-from runtime.tree_speculative import LookupTrees, SlotTrees, TableTrees, drop_banned_nodes, generate_tree
-from runtime.trees import TokenTree
+from runtime.common.sampling import SamplingParams, TokenBan, warp
+from runtime.loops.tree_speculative import LookupTrees, SlotTrees, TableTrees, drop_banned_nodes, generate_tree
+from runtime.drafters.trees import TokenTree
 
 NEW_TOKENS = 24
 PROMPTS = [[5, 6, 7, 8] * 5, list(range(10, 30)), [3], [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5]]

@@ -1,4 +1,4 @@
-"""The kernels' thread pool (runtime/kernels/pool.h): no result depends on which thread runs which chunk.
+"""The kernels' thread pool (runtime/kernels/csrc/pool.h): no result depends on which thread runs which chunk.
 
 Each kernel runs at 1 thread, then repeatedly at 2 and 3 threads with the workers in every region
 (the fallback off): a chunk whose bits depended on the thread that ran it, or a split that moved

@@ -72,7 +72,7 @@ def real_pair(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def real_texts() -> list[str]:
-    from runtime.data import humaneval_prompts, sharegpt_prompts
+    from runtime.text.data import humaneval_prompts, sharegpt_prompts
 
     return humaneval_prompts(30) + sharegpt_prompts(30) + EDGE_TEXTS
 
@@ -81,7 +81,7 @@ def real_texts() -> list[str]:
 def conversations() -> list[list[dict]]:
     """40 ShareGPT conversations as chat turns (prep traces' reading of the corpus)."""
     from prep.traces import SHAREGPT_ROLES
-    from runtime.data import sharegpt_conversations
+    from runtime.text.data import sharegpt_conversations
 
     chats = []
     for conversation in sharegpt_conversations(60):
@@ -119,7 +119,7 @@ def test_cached_load_has_the_same_special_tokens(real_pair):
 
 @pytest.mark.real_model
 def test_cached_load_encodes_real_text_alike(real_pair, real_texts):
-    from runtime.prompting import encode_prompt
+    from runtime.text.prompting import encode_prompt
 
     _, cached, auto = real_pair
     for text in real_texts:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime.backends.lean import lean_target
-from runtime.trees import TokenTree, build_tree
+from runtime.drafters.trees import TokenTree, build_tree
 from factories import needs_compiled_kernels, tiny_causal_lm
 
 ARCHS = ("gemma3", "qwen2", "llama")

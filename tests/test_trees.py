@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from runtime.trees import ROOT, TokenTree, build_tree, merge_sequences
+from runtime.drafters.trees import ROOT, TokenTree, build_tree, merge_sequences
 
 #        root
 #       /    \

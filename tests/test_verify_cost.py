@@ -9,10 +9,10 @@ import torch
 from runtime.bench.verify_cost import best_gamma, verify_cost
 from runtime.drafters import NgramDrafter
 from runtime.heads import FullHead
-from runtime.speculative import generate_speculative
-from runtime.stats import SpecStats, expected_tokens
+from runtime.loops.speculative import generate_speculative
+from runtime.common.stats import SpecStats, expected_tokens
 from runtime.backends.hf import TransformersTarget
-from runtime.verify import Verdict
+from runtime.loops.verify import Verdict
 
 
 @pytest.fixture(scope="module")

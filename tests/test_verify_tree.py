@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.sampling import SamplingParams, sample_from, warp
-from runtime.trees import ROOT, TokenTree, build_tree
-from runtime.verify import verify_exact, verify_greedy
-from runtime.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
+from runtime.common.sampling import SamplingParams, sample_from, warp
+from runtime.drafters.trees import ROOT, TokenTree, build_tree
+from runtime.loops.verify import verify_exact, verify_greedy
+from runtime.loops.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
 from test_trees import TREE
 from test_verify import START, WARPS, V, histogram, markov_pair, tolerance, tv
 

@@ -103,7 +103,7 @@ class DecoderLayer:
     compiled: object = field(default=None, init=False, repr=False, compare=False)
 
     def plan(self, heads: int, kv_heads: int, head_dim: int):
-        """This layer as one compiled call (runtime/kernels/layer_plan.h) over up to SKINNY_MAX_ROWS rows,
+        """This layer as one compiled call (runtime/kernels/csrc/layer_plan.h) over up to SKINNY_MAX_ROWS rows,
         or None: no compiled kernels, or a projection or activation it does not compute (a drafter's
         int8 or low-rank projections take the step-by-step path)."""
         if self.compiled is None:

@@ -10,10 +10,10 @@ import torch
 from tqdm import tqdm
 
 from runtime.bench.energy import EnergyMeter
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import DecodeStats, HeadStats, SpecStats
 from runtime.method_builders import Method
 from runtime.method_spec import preserves_distribution
-from runtime.sampling import SamplingParams
-from runtime.stats import DecodeStats, HeadStats, SpecStats
 
 REFERENCE = "ar"
 

@@ -1,5 +1,5 @@
 """The servers runtime bench-serve loads: ours (`runtime serve` in a child process) and llama.cpp's
-llama-server (runtime.llamacpp_server's, with parallel slots), each on 127.0.0.1, stopped after use."""
+llama-server (runtime.llamacpp.server's, with parallel slots), each on 127.0.0.1, stopped after use."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from runtime.bench.provenance import PACKAGE_ROOT
-from runtime.llamacpp_server import START_SECONDS, LlamaServerDecoder, _free_port, _last_line, _stop
+from runtime.llamacpp.server import START_SECONDS, LlamaServerDecoder, _free_port, _last_line, _stop
 
 # llama-server splits -c among its slots: this many tokens per slot (prompt + completion) is plenty for the bench.
 SLOT_CONTEXT = 2048

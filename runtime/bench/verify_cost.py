@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from runtime.sampling import SamplingParams
-from runtime.stats import expected_tokens
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import expected_tokens
 from runtime.backends.base import TargetModel
 
 CONTEXT = 180  # tokens in the cache before the verify forward (the issue's reference setting)
@@ -104,12 +104,12 @@ def tree_verify_cost(
     greedy tree verifier (head on N + 1 rows, in chunks of 16), and its ratio to a one-token step.
 
     tokens: [>= context + 1 + 8] real ids; the cache holds tokens[:context], the root is tokens[context].
-    The trees are best-first (runtime.trees.build_tree) over K candidates per node, the text's next token
+    The trees are best-first (runtime.drafters.trees.build_tree) over K candidates per node, the text's next token
     first, with fixed confidences by rank, so each N gives one tree shape; rows carry its depth.
     """
-    from runtime.tree_speculative import MAX_DEPTH, score_tree, verify_scored_tree
-    from runtime.sampling import NO_BAN
-    from runtime.trees import build_tree
+    from runtime.loops.tree_speculative import MAX_DEPTH, score_tree, verify_scored_tree
+    from runtime.common.sampling import NO_BAN
+    from runtime.drafters.trees import build_tree
 
     if tokens.numel() < context + 1 + MAX_DEPTH:
         raise ValueError(f"need at least {context + 1 + MAX_DEPTH} tokens, got {tokens.numel()}: give more prompt text")

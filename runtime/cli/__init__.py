@@ -15,7 +15,7 @@ import click
 from artifacts import ArtifactError
 from runtime.cli import values
 from runtime.models import ModelError
-from runtime.sampling import MIN_RESPONSE_TOKENS
+from runtime.common.sampling import MIN_RESPONSE_TOKENS
 
 
 class Interrupted(KeyboardInterrupt):
@@ -150,7 +150,7 @@ def sampling_options(command):
 
 def sampling_params(temperature, top_k, top_p, epsilon):
     """SamplingParams from the sampling options (a bad value is a one-line error)."""
-    from runtime.sampling import SamplingParams
+    from runtime.common.sampling import SamplingParams
 
     return SamplingParams(temperature, top_k, top_p, epsilon)
 

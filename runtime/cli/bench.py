@@ -11,7 +11,7 @@ import torch
 
 from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
-from runtime.checks import comma_items, is_digits
+from runtime.common.checks import comma_items, is_digits
 from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.kernels import SKINNY_MAX_ROWS, decode_threads
 from runtime.method_spec import BOUNDS
@@ -59,7 +59,7 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
     from runtime.bench.contention import busy_loops
     from runtime.bench.report import markdown_table, write_reports
     from runtime.bench.summary import reference_line
-    from runtime.data import load_prompts
+    from runtime.text.data import load_prompts
 
     # Every cheap check before the model loads (the options' types did the rest).
     check_min_response(chat)
@@ -174,7 +174,7 @@ def bench_screen(artifact, prompt_source, positions, formats, json_path, force, 
     from runtime import api
     from runtime.bench.report import markdown_rows
     from runtime.bench.screen_bits import candidate_fractions
-    from runtime.data import load_prompts
+    from runtime.text.data import load_prompts
     from runtime.kernels import QuantMatrix, dequantize
 
     chosen = _screen_formats(formats)
@@ -270,7 +270,7 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     from runtime import api
     from runtime.bench.report import markdown_rows
     from runtime.bench.verify_cost import best_gamma, tree_verify_cost, verify_cost
-    from runtime.data import load_prompts
+    from runtime.text.data import load_prompts
 
     if bound is not None and head_kind != "csv":  # the full head has no bound: it would be ignored
         raise click.UsageError(f"--bound goes with --head csv (the certified head's bound); add --head csv or drop --bound {bound}")

@@ -11,7 +11,7 @@ import click
 
 from runtime.cli import clean_errors, main, values
 from runtime.cli.bench import NOTHING_WRITTEN
-from runtime.checks import comma_items
+from runtime.common.checks import comma_items
 
 SERVERS = ("ours", "llama-server")
 MAX_CONCURRENCY = 64
@@ -101,7 +101,7 @@ def bench_serve(artifact, servers, url, concurrency, max_requests, duration, pro
     from runtime.bench.provenance import provenance
     from runtime.bench.report import markdown_rows, write_json
     from runtime.bench.servers import LLAMA_EXTRA, our_server
-    from runtime.data import load_prompts
+    from runtime.text.data import load_prompts
     from runtime.models.resolve import resolve_model
     from runtime.session import model_spec_of
 

@@ -10,7 +10,7 @@ import click
 
 from runtime.cli import clean_errors, main, values
 from runtime.cli.bench import NOTHING_WRITTEN
-from runtime.checks import comma_items
+from runtime.common.checks import comma_items
 
 MAX_LOAD = 64  # busy-loop processes: more is a typo, not a machine
 
@@ -61,7 +61,7 @@ def bench_threads(artifact, methods, settings, load_text, prompt_source, num_pro
     from runtime import api
     from runtime.bench.contention import markdown, rows, run_contention
     from runtime.bench.provenance import provenance
-    from runtime.data import load_prompts
+    from runtime.text.data import load_prompts
     from runtime.method_builders import build_method
 
     # Every check before the model loads.

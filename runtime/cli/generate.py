@@ -11,7 +11,7 @@ from runtime.cli import check_min_response, clean_errors, main, min_response_opt
 from runtime.kernels import decode_threads
 from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
 from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
-from runtime.speculative import MAX_GAMMA
+from runtime.loops.speculative import MAX_GAMMA
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...),
 # deprecated: each use prints the --method spelling of what it ran, and the next release removes them.
@@ -108,7 +108,7 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     """
     from runtime import api
     from runtime.methods import METHODS
-    from runtime.prompting import TextStream
+    from runtime.text.prompting import TextStream
 
     # Every cheap check before the model loads.
     text = _prompt_text(prompt, prompt_file)

@@ -20,7 +20,7 @@ def inspect(artifact, check_model) -> None:
     runtime inspect art/g270
     runtime inspect art/g270 --check-model
     """
-    from runtime.describe import describe_artifact
+    from runtime.cli.describe import describe_artifact
 
     model_info = None
     if check_model:

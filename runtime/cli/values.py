@@ -21,10 +21,10 @@ from typing import TypeVar
 import click
 
 from artifacts.format import MANIFEST_FILE
-from runtime.checks import first_surrogate
-from runtime.data import PACKAGED_SOURCES, PromptFile, prompts_from_json
+from runtime.common.checks import first_surrogate
+from runtime.common.sampling import MAX_SEED, SamplingParams
 from runtime.kernels.build import usable_cores
-from runtime.sampling import MAX_SEED, SamplingParams
+from runtime.text.data import PACKAGED_SOURCES, PromptFile, prompts_from_json
 
 STOP_ESCAPES = r"\n \t \r \\ \" \' \0 \xHH \uHHHH \UHHHHHHHH"
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[ntr0\\\"']|.?)", re.DOTALL)
@@ -82,7 +82,7 @@ class Integer(click.ParamType):
 
 
 class SamplingValue(click.ParamType):
-    """One field of runtime.sampling.SamplingParams (a number, or an integer), checked by SamplingParams.
+    """One field of runtime.common.sampling.SamplingParams (a number, or an integer), checked by SamplingParams.
 
     The sampling ranges and their messages are stated there once, for the CLI and the API.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from runtime.checks import is_digits
+from runtime.common.checks import is_digits
 from runtime.drafters.base import Drafter, Proposal
 from runtime.drafters.eagle import EagleDrafter, build_eagle, parse_eagle
 from runtime.drafters.gp import GP_HELP, GPDrafter, GPStage, parse_gp

@@ -7,8 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.verify import Verdict
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.loops.verify import Verdict
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 MJSD (Qin et al.) drafts with beam decoding because it approximates the most likely continuation
 under the drafter's joint q(x_{1:gamma}) better than a greedy chain, then verifies by joint
-likelihood (runtime.verify_tree.verify_joint). It is NOT distribution-preserving by design: the
+likelihood (runtime.loops.verify_tree.verify_joint). It is NOT distribution-preserving by design: the
 output follows neither p nor its greedy choices; it trades that for output perplexity. Never count
 it among the exact methods.
 
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from runtime.trees import TokenTree, merge_sequences
+from runtime.drafters.trees import TokenTree, merge_sequences
 
 # Given B prefixes (draft tokens after the context; [] = the context itself), the drafter's
 # next-token log-probabilities after each: [B, V].

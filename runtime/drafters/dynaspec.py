@@ -21,7 +21,7 @@ from artifacts.format import Stage
 from runtime.drafters.int8 import Int8Drafter
 from runtime.drafters.layers import LayerDrafter
 from runtime.heads.shortlist import ShortlistHead
-from runtime.router import ONNX_FILE, SCHEDULES, RouterRunner
+from runtime.drafters.router import ONNX_FILE, SCHEDULES, RouterRunner
 from runtime.backends.base import TargetModel
 
 

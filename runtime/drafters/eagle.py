@@ -25,8 +25,8 @@ from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
 from runtime.drafters.lookup import LookupDrafter
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.verify import Verdict
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.loops.verify import Verdict
 
 # EagleHead's parameter names -> the EAGLE-3 checkpoint's (what vLLM, SGLang and llama.cpp's converter read).
 CHECKPOINT_NAMES = {

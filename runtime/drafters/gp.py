@@ -18,7 +18,7 @@ from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.backends.layers import Projection
 from runtime.backends.target import DecoderTarget
-from runtime.checks import is_digits
+from runtime.common.checks import is_digits
 from runtime.drafters.layers import BackendDrafter
 
 # Linears that read the same input, by their path inside a decoder layer (llama, qwen2, gemma3).

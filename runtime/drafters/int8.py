@@ -16,9 +16,9 @@ from typing import Callable
 import torch
 
 from runtime.backends.target import DecoderTarget
+from runtime.common.numerics import quantize_rows_int8
 from runtime.drafters.layers import BackendDrafter
 from runtime.kernels import SKINNY_MAX_ROWS, screen_gemv
-from runtime.numerics import quantize_rows_int8
 
 
 class Int8Projection:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, select_allowed, warp
-from runtime.verify import Verdict
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, select_allowed, warp
+from runtime.loops.verify import Verdict
 
 
 class BackendDrafter:

@@ -24,10 +24,10 @@ from typing import Iterator
 
 import torch
 
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.ngram import find_earlier
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.verify import Verdict
+from runtime.loops.verify import Verdict
 
 MIN_HISTORY_NGRAM = 2  # a single token matches everywhere in other sequences: not worth a draft
 MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this many tokens, the newest

@@ -6,9 +6,9 @@ from typing import Iterator
 
 import torch
 
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.verify import Verdict
+from runtime.loops.verify import Verdict
 
 
 class NgramDrafter:

@@ -16,10 +16,10 @@ import torch
 
 from artifacts import Artifact
 from artifacts.format import Stage
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Drafter, Proposal, empty_proposal
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.trees import TokenTree, build_tree
-from runtime.verify import Verdict
+from runtime.drafters.trees import TokenTree, build_tree
+from runtime.loops.verify import Verdict
 
 # Tensor names of stage `onedecode`; LEVELS[0] is keyed by the last token, LEVELS[1] by the last two.
 # <level>.keys [n] (single) or [n, 2] (pair) int64, sorted; <level>.tokens [n, K] int64, best
@@ -124,8 +124,8 @@ class OneDecodeDrafter:
 
     def tree(self, context: list[int], k: int, depth: int, budget: int) -> TokenTree:
         """SWARM's token tree after `context`: the table's top-k at every node, the `budget` most
-        confident nodes (runtime.trees.build_tree), at most `depth` deep. Confidences only rank
-        candidates; verification treats them as deterministic (runtime.verify_tree)."""
+        confident nodes (runtime.drafters.trees.build_tree), at most `depth` deep. Confidences only rank
+        candidates; verification treats them as deterministic (runtime.loops.verify_tree)."""
         window = list(context[-2:])
         return build_tree(lambda path: self.top_k((window + path)[-2:], k), k, depth, budget)
 

@@ -15,11 +15,11 @@ themselves are in runtime.drafters.dynaspec, their shortlist head in runtime.hea
 from __future__ import annotations
 
 from artifacts import Artifact
-from runtime.checks import is_digits
+from runtime.common.checks import is_digits
 from runtime.drafters.dynaspec import (
     RoutedInt8Drafter, RoutedLayerDrafter, RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter,
 )
-from runtime.router import ENGINES, SCHEDULES
+from runtime.drafters.router import ENGINES, SCHEDULES
 from runtime.backends.base import TargetModel
 
 SHORTLIST_HELP = "dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:context=0|1] or frspec:layers:N|int8:TOKENS[:context=0|1]"

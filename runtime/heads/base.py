@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from runtime.kernels import take_rows  # fp32 rows [n, d] for ids [n]; a QuantMatrix dequantizes just those
-from runtime.sampling import SamplingParams
-from runtime.stats import HeadStats
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import HeadStats
 
 if TYPE_CHECKING:
     from runtime.heads.opened import Opened

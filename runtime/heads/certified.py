@@ -19,10 +19,10 @@ import torch
 from runtime.heads.base import Bound, row_norms
 from runtime.heads.opened import Opened
 from runtime.kernels import linear
-from runtime.numerics import dot_rounding_gamma
-from runtime.rowwise import logits_key, rowwise
-from runtime.sampling import TOP_SET_SIZES, SamplingParams, gumbel_noise, nucleus_size, sample_full
-from runtime.stats import HeadStats
+from runtime.common.numerics import dot_rounding_gamma
+from runtime.heads.rowwise import logits_key, rowwise
+from runtime.common.sampling import TOP_SET_SIZES, SamplingParams, gumbel_noise, nucleus_size, sample_full
+from runtime.common.stats import HeadStats
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class CertifiedHead:
         self.tie_coefficients = 4 * dot_rounding_gamma(weight.shape[1]) * norms  # [V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full logits [B, V] (used by verifiers that need whole distributions; a row-wise call: runtime.rowwise)."""
+        """Full logits [B, V] (used by verifiers that need whole distributions; a row-wise call: runtime.heads.rowwise)."""
         return rowwise(self._logits, hidden, logits_key(self.weight, self.bias))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

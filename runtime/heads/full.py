@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampling import SamplingParams, sample_rows
+from runtime.common.sampling import SamplingParams, sample_rows
 from runtime.kernels import linear
-from runtime.rowwise import logits_key, rowwise
-from runtime.stats import HeadStats
+from runtime.heads.rowwise import logits_key, rowwise
+from runtime.common.stats import HeadStats
 
 
 class FullHead:
@@ -20,7 +20,7 @@ class FullHead:
         self.stats = HeadStats(vocab_size=self.vocab_size)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full logits [B, V] for hidden states [B, d] (a row-wise call: runtime.rowwise)."""
+        """Full logits [B, V] for hidden states [B, d] (a row-wise call: runtime.heads.rowwise)."""
         return rowwise(self._logits, hidden, logits_key(self.weight, self.bias))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

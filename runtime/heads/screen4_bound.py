@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from artifacts.schema import SCREEN4_ROW_NORMS
-from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
+from runtime.common.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32
 from runtime.heads.screen_bound import MAX_OPEN_FRACTION, ScreenBound, ScreenState, open_budget
 from runtime.kernels import kernel_name, pack_screen4, screen4_gemv
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
+from runtime.common.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
 
 from runtime.heads.opened import Opened, exact_logits
 from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select

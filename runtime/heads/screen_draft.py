@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampling import SamplingParams, sample_rows
+from runtime.common.sampling import SamplingParams, sample_rows
 from runtime.heads.screen_bound import ScreenBound
-from runtime.stats import HeadStats
+from runtime.common.stats import HeadStats
 
 
 class ScreenDraftHead:

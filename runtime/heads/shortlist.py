@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from runtime.common.sampling import SamplingParams, sample_rows
+from runtime.common.stats import HeadStats
 from runtime.kernels import take_rows
-from runtime.sampling import SamplingParams, sample_rows
-from runtime.stats import HeadStats
 
 
 class ShortlistHead:

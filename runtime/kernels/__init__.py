@@ -20,7 +20,7 @@ from runtime.kernels.screen4_panels import Screen4Panels, pack_screen4, unpack_i
 SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
 # The most drafts per verify round worth their rows on a kernel path, where that is fewer than the
-# methods' default (runtime.speculative.DEFAULT_GAMMA). AVX2 keeps three rows' accumulators in its 16
+# methods' default (runtime.loops.speculative.DEFAULT_GAMMA). AVX2 keeps three rows' accumulators in its 16
 # ymm registers and screens the head with 256-bit multiply-adds, so each extra row costs a large share
 # of a one-row verify and a fourth a second pass over the weights; one draft per round measured best
 # (docs/results/xeon-no-amx-avx2.md has the per-row costs and the bench).

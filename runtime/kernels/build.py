@@ -33,7 +33,7 @@ from artifacts.atomic import remove_dead_leftovers, tmp_name
 ENV = "SPECVOCAB_KERNELS"
 PATHS = ("avx512vbmi", "avx512", "avx2", "portable")  # best first
 CHOICES = (*PATHS, "torch")
-_HERE = Path(__file__).parent
+_SOURCE_DIR = Path(__file__).parent / "csrc"  # the C++ sources and headers
 _SOURCES = {
     "avx512vbmi": ("module_avx512.cpp", "screen_avx512.cpp", "screen4_avx512.cpp"),
     "avx512": ("module_avx512.cpp", "screen_avx512.cpp", "screen4_avx512.cpp"),
@@ -108,7 +108,7 @@ def runnable_paths() -> tuple[str, ...]:
 def _build_dir(path: str) -> tuple[str, Path]:
     """Module name and its build directory, keyed by everything that changes the binary."""
     digest = hashlib.sha256()
-    for source in sorted(_HERE.glob("*.cpp")) + sorted(_HERE.glob("*.h")):
+    for source in sorted(_SOURCE_DIR.glob("*.cpp")) + sorted(_SOURCE_DIR.glob("*.h")):
         digest.update(source.name.encode() + source.read_bytes())
     digest.update(" ".join((*_ISA_FLAGS[path], *_COMMON_FLAGS, torch.__version__, sys.version)).encode())
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
@@ -168,8 +168,8 @@ def _compile(path: str, name: str, build_dir: Path) -> ModuleType:
         print(f"specvocab: compiling the CPU kernels ({path}; once, ~1 min)", file=sys.stderr)
         loaded = load(
             name=name,
-            sources=[str(_HERE / s) for s in _SOURCES[path]],
-            extra_include_paths=[str(_HERE)],
+            sources=[str(_SOURCE_DIR / s) for s in _SOURCES[path]],
+            extra_include_paths=[str(_SOURCE_DIR)],
             extra_cflags=[*_ISA_FLAGS[path], *_COMMON_FLAGS],
             build_directory=str(work),
             verbose=False,

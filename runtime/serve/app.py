@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from runtime.api import Engine, Plan
-from runtime.sampling import MAX_SEED, SamplingParams
+from runtime.common.sampling import MAX_SEED, SamplingParams
 from runtime.serve.protocol import APIError, ChatRequest, CompletionRequest, Sampled, Shape
 from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started, check_servable
 

@@ -26,7 +26,7 @@ class Metrics:
         self.forward_rows = 0  # rows those forwards fed, every request's together
         self.peak_fused = 0  # the most requests whose rows shared one forward
         self.forward_seconds = 0.0  # time in those forwards (the rest of a step: the requests' own turns)
-        self.head_call_count = 0  # LM-head calls the scheduler ran (runtime.rowwise), each for one or more requests
+        self.head_call_count = 0  # LM-head calls the scheduler ran (runtime.heads.rowwise), each for one or more requests
         self.peak_head_fused = 0  # the most requests whose head rows shared one call
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent scheduler steps
 

@@ -2,7 +2,7 @@
 
 Requests join and leave the running batch between steps. Each request's decoding loop runs in a
 Fiber (runtime.serve.fiber) on a ScheduledTarget (runtime.serve.batch): it runs until it needs a
-target forward or LM-head call (runtime.rowwise), hands it over and waits. A step resumes every
+target forward or LM-head call (runtime.heads.rowwise), hands it over and waits. A step resumes every
 request whose last forward is done, runs the head calls they hand over (each head's calls as one call
 over all their rows), resumes those, and finally runs the next piece of every waiting forward in ONE
 forward over all their rows, each request on its own KV cache: one row for a plain decoding step, the
@@ -12,10 +12,10 @@ last token and the drafts for a verify round, a token tree's nodes, a chunk of a
 Each request runs its method freshly built (a new drafter session and draft budget, as a new
 `runtime generate` process starts with), on its own KV cache and its own seeded generator, and the
 fused forward gives each row the bits its forward alone gives it (Decoder.forward_feeds), and a fused
-head call its logits bit for bit or a sound bound (runtime.rowwise), so its tokens are exactly the ones
+head call its logits bit for bit or a sound bound (runtime.heads.rowwise), so its tokens are exactly the ones
 it gets alone.
 
-Threads: `run` belongs on the thread that loaded the model (runtime.decode says why); it runs every
+Threads: `run` belongs on the thread that loaded the model (runtime.loops.decode says why); it runs every
 target forward. The fibers take turns with it, never beside it. The HTTP side calls `submit` and
 `cancel` from its event loop and gets each request's events through `emit`.
 """
@@ -37,7 +37,7 @@ from runtime.backends.target import DecoderTarget
 from runtime.method_builders import build_method
 from runtime.methods import METHODS, MethodSpec
 from runtime.serve.metrics import Metrics
-from runtime.rowwise import RowCall, posting, run_calls
+from runtime.heads.rowwise import RowCall, posting, run_calls
 from runtime.serve.batch import Forward, ScheduledTarget, fusable, run_step
 from runtime.serve.fiber import Fiber
 from runtime.serve.text import TextDeltas
@@ -124,12 +124,12 @@ class Sequence:
 
     @property
     def calling(self) -> bool:
-        """Whether the loop waits for a head call (runtime.rowwise) not run yet."""
+        """Whether the loop waits for a head call (runtime.heads.rowwise) not run yet."""
         return isinstance(self.waiting, RowCall) and not self.waiting.done
 
     def _decode(self, suspend) -> tuple[list[int], object]:
         """The fiber's body: the request's token stream to its end, its target forwards and head calls
-        (runtime.rowwise) handed to the scheduler."""
+        (runtime.heads.rowwise) handed to the scheduler."""
         session = self._engine.session
         if self.scheduled:
             session = replace(session, target=ScheduledTarget(session.target, suspend))

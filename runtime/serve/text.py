@@ -6,7 +6,7 @@ from __future__ import annotations
 class TextDeltas:
     """The text each new token adds to a response, as the OpenAI API returns it.
 
-    The decoding loops keep a stop string's tokens in their output (runtime.stopping); the API's text
+    The decoding loops keep a stop string's tokens in their output (runtime.text.stopping); the API's text
     ends before the stop string, so with stop strings the last len(longest) - 1 characters are held
     back until they can no longer begin one. A split multi-byte character waits for its rest.
     """

@@ -16,7 +16,7 @@ from runtime import api
 from runtime.kernels import decode_threads
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import build_method
-from runtime.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams
 
 PROMPT = "w5 w9 w31 w5 w9"
 
@@ -88,7 +88,7 @@ def test_bad_sampling_params(values: dict, says: str):
 def test_sampling_that_is_not_sampling_params(engine, sampling):
     with pytest.raises(TypeError) as error:
         engine.generate(PROMPT, "ar", sampling=sampling)
-    assert "sampling must be a runtime.sampling.SamplingParams" in one_line(error)
+    assert "sampling must be a runtime.common.sampling.SamplingParams" in one_line(error)
 
 
 @pytest.mark.parametrize("method", ["ar", "spec:ngram", "spec:ngram+csv"])

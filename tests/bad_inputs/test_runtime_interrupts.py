@@ -29,7 +29,7 @@ def test_ctrl_c_during_a_bench_run_writes_no_record(art: Path, tmp_path: Path, m
                                      ["bench-screen", "--positions", 4], ["inspect"]])
 def test_ctrl_c_while_the_model_loads_is_one_line(art: Path, monkeypatch: pytest.MonkeyPatch, command: list):
     monkeypatch.setattr("runtime.api.load", interrupt)
-    monkeypatch.setattr("runtime.describe.describe_artifact", interrupt)
+    monkeypatch.setattr("runtime.cli.describe.describe_artifact", interrupt)
     line = runtime_fails([command[0], art, *command[1:]], "Error: interrupted", code=130, unchanged=(art,))
     assert ("nothing is written" in line) == command[0].startswith("bench")
 

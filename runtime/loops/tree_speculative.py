@@ -4,8 +4,8 @@ the longest path the target agrees with (greedy) or samples through the tree exa
 cache is compacted to the kept path.
 
 Greedy outputs equal generate_ar's token for token; sampled outputs follow the warped target exactly
-(runtime.verify_tree: the candidates are deterministic, so each sibling is tried at p, never at the
-drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is runtime.speculative's.
+(runtime.loops.verify_tree: the candidates are deterministic, so each sibling is tried at p, never at the
+drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is runtime.loops.speculative's.
 
 Tree sources (TreeDrafter):
 - TableTrees: the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
@@ -25,14 +25,14 @@ from runtime.drafters.layers import BackendDrafter
 from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.onedecode import OneDecodeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
-from runtime.decode import TokenStream, drive
-from runtime.speculative import DEFAULT_GAMMA, Round, stream_rounds
-from runtime.stats import DecodeStats, SpecStats
-from runtime.stopping import StopStrings
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
+from runtime.loops.decode import TokenStream, drive
+from runtime.loops.speculative import DEFAULT_GAMMA, Round, stream_rounds
+from runtime.common.stats import DecodeStats, SpecStats
+from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.trees import ROOT, TokenTree, build_tree, merge_sequences
-from runtime.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
+from runtime.drafters.trees import ROOT, TokenTree, build_tree, merge_sequences
+from runtime.loops.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
 
 MAX_DEPTH = 8  # tree depth (gamma) stays in 1..MAX_DEPTH, as chain drafts do
 MAX_NODES = 64
@@ -216,7 +216,7 @@ def stream_tree(
 ) -> TokenStream:
     """Token-tree speculative decoding: trees of at most `budget` nodes and `depth` levels per target forward.
 
-    Arguments and stream as runtime.speculative.stream_speculative. In the stats a round's
+    Arguments and stream as runtime.loops.speculative.stream_speculative. In the stats a round's
     `drafted` is its tree's node count (gamma_mean: the mean tree size) and `accepted` the kept path's
     length; T_D is per drafted node, T_V per tree forward.
     """

@@ -2,7 +2,7 @@
 
 Every loop is a token stream: a generator that yields each new token as it is appended and returns
 (tokens, stats) at the end. The caller's thread runs it, one token per `next`; the kernels' regions
-run on their own pool whatever thread calls them (runtime/kernels/pool.h).
+run on their own pool whatever thread calls them (runtime/kernels/csrc/pool.h).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Generator
 
 import torch
 
-from runtime.sampling import SamplingParams, select_allowed
-from runtime.stats import DecodeStats
-from runtime.stopping import StopStrings
+from runtime.common.sampling import SamplingParams, select_allowed
+from runtime.common.stats import DecodeStats
+from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
 
 

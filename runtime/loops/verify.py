@@ -1,6 +1,6 @@
 """Verifiers for speculative decoding: pure functions from target and draft distributions to a verdict.
 
-Glossary (vLLM's, used across runtime/speculative.py and runtime/drafters/):
+Glossary (vLLM's, used across runtime/loops/speculative.py and runtime/drafters/):
 - p: the target model's distribution, one row per verified position; q: the drafter's.
 - draft: the k tokens the drafter proposed after the last accepted token.
 - accepted: the leading drafts the verifier keeps.
@@ -11,9 +11,9 @@ distribution after the context plus drafts[:i], so row k scores the bonus positi
 
 Exactness (Leviathan et al. 2023, Chen et al. 2023): accepting x with probability
 min(1, p(x) / q(x)) and otherwise sampling from norm(max(0, p - q)) yields exactly p. Warping
-(temperature, top-k, top-p) is part of p and q, so `runtime.sampling.warp` must be applied to both the same way.
+(temperature, top-k, top-p) is part of p and q, so `runtime.common.sampling.warp` must be applied to both the same way.
 
-Sampling (warping, Gumbel noise, the EOS guard's bans) lives in runtime/sampling.py; this module keeps
+Sampling (warping, Gumbel noise, the EOS guard's bans) lives in runtime/common/sampling.py; this module keeps
 the verifiers only.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.sampling import sample_from
+from runtime.common.sampling import sample_from
 
 
 @dataclass(frozen=True)

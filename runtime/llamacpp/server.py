@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from runtime.decode import TokenStream
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import DecodeStats
 from runtime.kernels import decode_threads
-from runtime.llamacpp import LlamaCppUnavailable, features_line
-from runtime.sampling import SamplingParams
-from runtime.stats import DecodeStats
+from runtime.llamacpp.bindings import LlamaCppUnavailable, features_line
+from runtime.loops.decode import TokenStream
 
 BIN_ENV = "SPECVOCAB_LLAMACPP_BIN"
 SERVER = "llama-server"
@@ -169,7 +169,7 @@ class LlamaServerDecoder:
 
     def __call__(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator=None,
                  min_new_tokens: int = 0, stop=None) -> TokenStream:
-        """Decode up to max_new_tokens after prompt [P]: a token stream (runtime.decode) with the server's
+        """Decode up to max_new_tokens after prompt [P]: a token stream (runtime.loops.decode) with the server's
         own timing. The tokens come when the request is done (the timing is the server's, not the stream's).
 
         min_new_tokens (the EOS guard): llama.cpp has none, so a run that put EOS among that many first tokens

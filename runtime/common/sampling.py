@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runtime.checks import is_number, require, require_count
+from runtime.common.checks import is_number, require, require_count
 
 
 # The largest seed the runtime takes (the CLI's --seed and the API's seed=); torch.Generator.manual_seed

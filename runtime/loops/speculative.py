@@ -2,7 +2,7 @@
 verifier keeps what the target would have said, and both KV caches roll back to the kept tokens.
 
 Greedy outputs equal generate_ar's token for token; sampled outputs follow the warped target
-exactly (runtime/verify.py), though not the same random stream as generate_ar's Gumbel sampler.
+exactly (runtime/loops/verify.py), though not the same random stream as generate_ar's Gumbel sampler.
 Both hold with the EOS min-response guard on (min_new_tokens), which bans EOS on both sides.
 """
 
@@ -15,12 +15,12 @@ from typing import Callable
 import torch
 
 from runtime.drafters.base import Drafter, FeatureReader, Proposal
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
-from runtime.decode import TokenStream, drive
-from runtime.stats import DecodeStats, SpecStats
-from runtime.stopping import StopStrings
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
+from runtime.loops.decode import TokenStream, drive
+from runtime.common.stats import DecodeStats, SpecStats
+from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.verify import Verdict, verify_exact, verify_greedy
+from runtime.loops.verify import Verdict, verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # gamma=G, the adaptive draft length and the draft budget stay in 1..MAX_GAMMA (the grammar checks it too)
 DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer
@@ -146,7 +146,7 @@ def stream_speculative(
     the target's default, draft_lengths, within `budget`: a DraftBudget that learns across the calls
     given it, else a new one).
 
-    prompt: [P] token ids. A token stream (runtime.decode): the new tokens (EOS included if
+    prompt: [P] token ids. A token stream (runtime.loops.decode): the new tokens (EOS included if
     produced), then the stats. The
     first token comes from the prefill as in generate_ar, so prefill timings compare across methods.
     min_new_tokens: EOS is excluded from the first that many tokens, in drafts and in the

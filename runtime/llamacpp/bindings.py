@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from runtime.decode import TokenStream
+from runtime.common.sampling import SamplingParams
+from runtime.common.stats import DecodeStats
 from runtime.kernels import decode_threads
-from runtime.sampling import SamplingParams
-from runtime.stats import DecodeStats
+from runtime.loops.decode import TokenStream
 
 INSTALL_HINT = ("install the optional extra built for this CPU: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON "
                 "-DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" "
@@ -122,7 +122,7 @@ class LlamaCppDecoder:
 
     def __call__(self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, generator=None,
                  min_new_tokens: int = 0, stop=None) -> TokenStream:
-        """Decode up to max_new_tokens after prompt [P]: a token stream (runtime.decode) with the timing our loops report."""
+        """Decode up to max_new_tokens after prompt [P]: a token stream (runtime.loops.decode) with the timing our loops report."""
         import numpy as np
 
         eos = sorted(self.eos_token_ids)

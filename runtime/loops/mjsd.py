@@ -12,7 +12,7 @@ One round (Algorithm 1 of the paper):
 2. The target scores the best beam only: the acceptance rule looks at nothing else, so a chain
    forward over [last] + best beam gives every row it needs (the same bits a tree forward over all
    beams would give that path's nodes, at gamma + 1 rows instead of the tree's).
-3. runtime.verify_tree.verify_joint keeps the longest prefix x_{1:j} with min(1, p(x_{1:j}) /
+3. runtime.loops.verify_tree.verify_joint keeps the longest prefix x_{1:j} with min(1, p(x_{1:j}) /
    q(x_{1:j})) > tau (strict, every prefix tested, as in the paper's pseudocode), then one token from
    the target after it.
 
@@ -30,14 +30,14 @@ import torch
 
 from runtime.drafters.beam import BeamDraft, beam_search
 from runtime.drafters.layers import BackendDrafter
-from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, warp
-from runtime.decode import TokenStream, drive
-from runtime.speculative import DEFAULT_GAMMA, Round, stream_rounds
-from runtime.stats import DecodeStats, SpecStats
-from runtime.stopping import StopStrings
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, warp
+from runtime.loops.decode import TokenStream, drive
+from runtime.loops.speculative import DEFAULT_GAMMA, Round, stream_rounds
+from runtime.common.stats import DecodeStats, SpecStats
+from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.verify import Verdict
-from runtime.verify_tree import verify_joint
+from runtime.loops.verify import Verdict
+from runtime.loops.verify_tree import verify_joint
 
 DEFAULT_WIDTH = 4
 DEFAULT_TAU = 0.1  # the paper's setting for every dataset (Appendix D)
@@ -114,7 +114,7 @@ def stream_mjsd(
 ) -> TokenStream:
     """MJSD decoding (not distribution-preserving): beam drafts of gamma tokens, joint acceptance at tau.
 
-    Arguments and stream as runtime.speculative.stream_speculative.
+    Arguments and stream as runtime.loops.speculative.stream_speculative.
     """
     if gamma < 1 or not 0.0 <= tau < 1.0:
         raise ValueError(f"MJSD needs gamma >= 1 and tau in [0, 1), got {gamma} and {tau}")

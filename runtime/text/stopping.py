@@ -44,5 +44,5 @@ class StopStrings:
         return any(stop in text for stop in self.stops)
 
     def _decode(self, tokens: list[int]) -> str:
-        # The response as the user sees it (runtime.prompting.TextStream skips special tokens too).
+        # The response as the user sees it (runtime.text.prompting.TextStream skips special tokens too).
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -1,6 +1,6 @@
 """Verifiers for token trees (SWARM) and for MJSD's joint acceptance: pure functions to a verdict.
 
-Glossary as in runtime/verify.py (p = target, q = draft; accepted, recovered, bonus). The target
+Glossary as in runtime/loops/verify.py (p = target, q = draft; accepted, recovered, bonus). The target
 scores [root] + the tree's nodes in one forward, so its rows are N + 1: row 0 is the distribution
 after the context (the root's), row i + 1 the distribution after node i's path.
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.sampling import sample_from
-from runtime.trees import ROOT, TokenTree
-from runtime.verify import Verdict
+from runtime.common.sampling import sample_from
+from runtime.drafters.trees import ROOT, TokenTree
+from runtime.loops.verify import Verdict
 
 
 @dataclass(frozen=True)
