@@ -110,3 +110,21 @@ def test_a_build_that_fills_the_disk_stops_the_other_paths(monkeypatch: pytest.M
     monkeypatch.setattr("torch.utils.cpp_extension.load", disk_full)
     assert build.active() == ("torch", None) and len(builds) == 1
     assert "(No space left on device); set TORCH_EXTENSIONS_DIR" in capfd.readouterr().err
+
+
+def test_the_build_key_reads_every_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """csrc/ holds only .cpp and .h files, each compiled source is there, and a byte changed in any file
+    gives another build folder (a cached build of older sources is never imported)."""
+    import shutil
+
+    sources = sorted(build._SOURCE_DIR.iterdir())
+    assert sources and all(p.suffix in (".cpp", ".h") for p in sources), [p.name for p in sources]
+    assert {name for names in build._SOURCES.values() for name in names} <= {p.name for p in sources}
+    copy = tmp_path / "csrc"
+    shutil.copytree(build._SOURCE_DIR, copy)
+    monkeypatch.setattr(build, "_SOURCE_DIR", copy)
+    keys = {build._build_dir("portable")[1]}
+    for source in sorted(copy.iterdir()):
+        source.write_bytes(source.read_bytes() + b"\n")
+        keys.add(build._build_dir("portable")[1])
+    assert len(keys) == len(sources) + 1
