@@ -153,8 +153,10 @@ def _depth(spec: MethodSpec) -> int:
 def tree(session: Session, spec: MethodSpec) -> Streamer:
     """swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, or the lookup
     drafter's K continuations), one target forward each."""
-    from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
-    from runtime.loops.tree_speculative import LookupTrees, SlotTrees, TableTrees, stream_tree
+    from runtime.drafters.layers import SlotTrees
+    from runtime.drafters.lookup import LookupTrees
+    from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable, TableTrees
+    from runtime.loops.tree_speculative import stream_tree
 
     _tree_target(session)
     head = target_head(session, spec)
@@ -179,7 +181,8 @@ def tree(session: Session, spec: MethodSpec) -> Streamer:
 
 def mjsd(session: Session, spec: MethodSpec) -> Streamer:
     """mjsd: beam drafts verified by joint likelihood (NOT distribution-preserving; runtime.loops.mjsd)."""
-    from runtime.loops.mjsd import BeamDrafts, stream_mjsd
+    from runtime.drafters.beam import BeamDrafts
+    from runtime.loops.mjsd import stream_mjsd
 
     _tree_target(session)
     head = target_head(session, spec)

@@ -27,7 +27,7 @@ def test_runtime_imports_no_training_or_clustering_library():
 LAYERS = [
     ("runtime.common", "runtime.kernels", "runtime.models", "runtime.text", "runtime.drafters.router",
      "runtime.cli.describe", "runtime.heads.rowwise"),
-    ("runtime.backends", "runtime.heads", "runtime.loops.verify", "runtime.drafters.trees", "runtime.loops.verify_tree"),
+    ("runtime.backends", "runtime.heads", "runtime.drafters.trees"),
     ("runtime.drafters", "runtime.session"),
     ("runtime.loops",),
     ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp"),

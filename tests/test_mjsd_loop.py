@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from runtime.backends.lean import lean_target
-from runtime.common.sampling import SamplingParams
+from runtime.common.sampling import SamplingParams, joint_probs
 from runtime.drafters import LayerDrafter
-from runtime.drafters.beam import beam_search
+from runtime.drafters.beam import BeamDrafts, beam_search
 from runtime.drafters.layers import BackendDrafter
 from runtime.heads import FullHead
 from runtime.loops.decode import generate_ar
-from runtime.loops.mjsd import BeamDrafts, generate_mjsd, joint_probs
+from runtime.loops.mjsd import generate_mjsd
 from runtime.methods import METHODS, parse_method
 
 PROMPT = [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5]

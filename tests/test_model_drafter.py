@@ -22,7 +22,7 @@ from runtime.models import load_model
 from runtime.loops.speculative import generate_speculative
 from runtime.backends.hf import TransformersTarget
 from runtime.common.sampling import SamplingParams, TokenBan
-from runtime.loops.verify import Verdict
+from runtime.drafters.base import Verdict
 
 NEW_TOKENS = 24
 PROMPTS = [[5, 6, 7, 8] * 5, list(range(10, 30)), [3], [201, 17, 88, 4, 150, 9, 63, 240, 31, 77, 120, 5]]

@@ -22,7 +22,7 @@ from runtime.drafters.base import Proposal
 from runtime.drafters.ngram import NgramDrafter
 from runtime.drafters.onedecode import FirstProposal, OneDecodeDrafter, OneDecodeTable, tensor_name
 from runtime.common.sampling import SamplingParams
-from runtime.loops.verify import Verdict
+from runtime.drafters.base import Verdict
 
 V = 32  # make_model's vocabulary
 TOP = 8

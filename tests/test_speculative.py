@@ -21,7 +21,7 @@ from runtime.loops.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GA
 from runtime.backends.hf import TransformersTarget
 from runtime.backends.lean import lean_target
 from runtime.common.sampling import SamplingParams
-from runtime.loops.verify import Verdict
+from runtime.drafters.base import Verdict
 
 NEW_TOKENS = 24
 

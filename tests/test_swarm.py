@@ -18,10 +18,12 @@ from factories import tiny_artifact
 from runtime.backends.lean import lean_target
 from runtime.loops.decode import generate_ar
 from runtime.drafters import Int8Drafter, LayerDrafter, LookupDrafter
-from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable
+from runtime.drafters.layers import SlotTrees
+from runtime.drafters.lookup import LookupTrees
+from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable, TableTrees
 from runtime.heads import FullHead
 from runtime.common.sampling import SamplingParams, TokenBan, warp
-from runtime.loops.tree_speculative import LookupTrees, SlotTrees, TableTrees, drop_banned_nodes, generate_tree
+from runtime.loops.tree_speculative import drop_banned_nodes, generate_tree
 from runtime.drafters.trees import TokenTree
 
 NEW_TOKENS = 24

@@ -16,7 +16,8 @@ from factories import make_tiny_head
 from prep.screen import build_screen
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.common.sampling import SamplingParams, TokenBan, allowed_mask, gumbel_noise, mask_banned, sample_full, select_allowed, warp
-from runtime.loops.verify import Verdict, verify_exact, verify_greedy
+from runtime.drafters.base import Verdict
+from runtime.loops.verify import verify_exact, verify_greedy
 
 V = 12
 START = 0  # the token before the first draft

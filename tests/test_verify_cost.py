@@ -12,7 +12,7 @@ from runtime.heads import FullHead
 from runtime.loops.speculative import generate_speculative
 from runtime.common.stats import SpecStats, expected_tokens
 from runtime.backends.hf import TransformersTarget
-from runtime.loops.verify import Verdict
+from runtime.drafters.base import Verdict
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The Drafter protocol: propose tokens after a context, then learn the verifier's verdict."""
+"""The drafter protocols (chains, token trees, beams) and what passes between a drafter and a loop:
+the proposal, and the verifier's verdict on it. Loops import these, never a concrete drafter."""
 
 from __future__ import annotations
 
@@ -8,7 +9,21 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.loops.verify import Verdict
+from runtime.drafters.trees import TokenTree
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying one draft: how many drafts passed and what to append."""
+
+    drafted: int
+    accepted: int
+    tokens: list[int]  # accepted drafts, then one recovered or bonus token
+
+    @property
+    def bonus(self) -> bool:
+        """Every draft passed, so the last token came from the target's extra position."""
+        return self.accepted == self.drafted
 
 
 @dataclass(frozen=True)
@@ -22,6 +37,21 @@ class Proposal:
 def empty_proposal() -> Proposal:
     """A proposal of no tokens: the round degenerates to one plain target step."""
     return Proposal(torch.zeros(0, dtype=torch.long))
+
+
+@dataclass(frozen=True)
+class BeamDraft:
+    """The beams as a prefix-merged tree (scores: joint log q per node) and where each beam ends."""
+
+    tree: TokenTree
+    beams: list[list[int]]  # best first
+    log_q: list[float]  # joint log q of each beam, best first
+    ends: list[int]  # the tree node each beam ends at
+
+    @property
+    def best(self) -> int:
+        """The tree node the best beam ends at (what MJSD verifies)."""
+        return self.ends[0]
 
 
 class Drafter(Protocol):
@@ -43,6 +73,38 @@ class Drafter(Protocol):
 
     def observe(self, verdict: Verdict) -> None:
         """The verifier's verdict on the last proposal (drafters with a cache roll it back here)."""
+        ...
+
+
+class TreeDrafter(Protocol):
+    """Proposes a token tree after a context (SWARM); the loop calls reset, then tree / observe per round."""
+
+    def reset(
+        self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None, ban: TokenBan = NO_BAN
+    ) -> None:
+        """Start a new sequence (as Drafter.reset)."""
+        ...
+
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        """At most `budget` nodes, at most `depth` deep, after `context` (its last token is the root)."""
+        ...
+
+    def observe(self, verdict: Verdict) -> None:
+        """The verifier's verdict on the last tree (a TreeVerdict: its kept path's tokens)."""
+        ...
+
+
+class BeamDrafter(Protocol):
+    """Proposes beams after a context (MJSD); the loop calls reset, then draft per round."""
+
+    def reset(
+        self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None, ban: TokenBan = NO_BAN
+    ) -> None:
+        """Start a new sequence (as Drafter.reset)."""
+        ...
+
+    def draft(self, context: list[int], gamma: int) -> BeamDraft:
+        """Beams of up to gamma tokens after `context`, best first."""
         ...
 
 

@@ -9,39 +9,28 @@ it among the exact methods.
 The search is deterministic (the paper's pseudocode names a beam *sample*; its experiments keep 8
 beams and gamma 4): at each step every beam's M best next tokens are scored by the joint log q of
 the extended prefix and the M best extensions overall survive (ties: the earlier beam, then the
-smaller token id).
+smaller token id). BeamDrafts runs it in a backend drafter: the BeamDrafter (runtime.drafters.base)
+the MJSD loop takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from runtime.drafters.trees import TokenTree, merge_sequences
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, joint_probs, mask_banned
+from runtime.drafters.base import BeamDraft
+from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.trees import merge_sequences
 
 # Given B prefixes (draft tokens after the context; [] = the context itself), the drafter's
 # next-token log-probabilities after each: [B, V].
 NextLogProbs = Callable[[list[list[int]]], torch.Tensor]
+DEFAULT_WIDTH = 4  # beams kept per step (M)
 
 
-@dataclass(frozen=True)
-class BeamDraft:
-    """The beams as a prefix-merged tree (scores: joint log q per node) and where each beam ends."""
-
-    tree: TokenTree
-    beams: list[list[int]]  # best first
-    log_q: list[float]  # joint log q of each beam, best first
-    ends: list[int]  # the tree node each beam ends at
-
-    @property
-    def best(self) -> int:
-        """The tree node the best beam ends at (what MJSD verifies)."""
-        return self.ends[0]
-
-
-def beam_search(next_log_probs: NextLogProbs, width: int = 4, gamma: int = 4) -> BeamDraft:
+def beam_search(next_log_probs: NextLogProbs, width: int = DEFAULT_WIDTH, gamma: int = 4) -> BeamDraft:
     """Width-M beam search over gamma draft tokens; one next_log_probs call per step (batched over beams)."""
     if width < 1 or gamma < 1:
         raise ValueError(f"beam drafts need width >= 1 and gamma >= 1, got {width} and {gamma}")
@@ -69,3 +58,49 @@ def beam_search(next_log_probs: NextLogProbs, width: int = 4, gamma: int = 4) ->
         totals = score[keep]
     tree, ends = merge_sequences(beams, steps)
     return BeamDraft(tree, beams, totals.tolist(), ends)
+
+
+class BeamDrafts:
+    """A BeamDrafter over a backend drafter; its cache keeps the best beam's fed prefix after a search."""
+
+    def __init__(self, drafter: BackendDrafter, width: int = DEFAULT_WIDTH) -> None:
+        if width < 1:
+            raise ValueError(f"MJSD needs a beam width >= 1, got {width}")
+        self.drafter, self.width = drafter, width
+        self.params, self.ban = SamplingParams(), NO_BAN
+
+    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
+              ban: TokenBan = NO_BAN) -> None:
+        self.params, self.ban = params, ban
+        self.drafter.reset(prompt, params, generator, ban)
+
+    @torch.inference_mode()
+    def draft(self, context: list[int], gamma: int) -> BeamDraft:
+        """Width-M beam search over gamma tokens after `context` (one drafter tree forward per step)."""
+        drafter = self.drafter
+        hidden = {(): drafter.sync(context)[0]}  # prefix -> the drafter's hidden state [d] after it
+        start = drafter.cache.length
+        nodes: dict[tuple[int, ...], int] = {}  # prefix -> its node in the drafter's tree
+        parents: list[int] = []
+
+        def next_log_probs(beams: list[list[int]]) -> torch.Tensor:
+            new = [tuple(beam) for beam in beams if tuple(beam) not in hidden]
+            if new:
+                for beam in new:
+                    nodes[beam] = len(parents)
+                    parents.append(nodes[beam[:-1]] if len(beam) > 1 else -1)
+                fed = drafter.backend.forward_tree(torch.tensor([beam[-1] for beam in new]), torch.tensor(parents),
+                                                   drafter.cache, start)  # [n, d]
+                hidden.update(zip(new, fed))
+            rows = torch.stack([hidden[tuple(beam)] for beam in beams])  # [B, d]
+            guarded = self.ban.rows(len(context) + len(beams[0]), 1) * len(beams)
+            logits = mask_banned(drafter.head.logits(rows), self.ban.ids, guarded)  # [B, V]
+            return torch.log(joint_probs(logits, self.params))
+
+        beam = beam_search(next_log_probs, self.width, gamma)
+        # Keep the best beam's fed prefix (all its tokens but the last) for the next round's sync.
+        best = beam.beams[0] if beam.beams else []
+        kept = [nodes[tuple(best[: i + 1])] for i in range(len(best) - 1)]
+        drafter.backend.compact(drafter.cache, start, kept)
+        drafter.cached.extend(best[: len(kept)])
+        return beam

@@ -21,12 +21,11 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from runtime.drafters.base import Proposal, empty_proposal
+from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
 from runtime.drafters.lookup import LookupDrafter
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.loops.verify import Verdict
 
 # EagleHead's parameter names -> the EAGLE-3 checkpoint's (what vLLM, SGLang and llama.cpp's converter read).
 CHECKPOINT_NAMES = {

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from runtime.drafters.base import Proposal, empty_proposal
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, select_allowed, warp
-from runtime.loops.verify import Verdict
+from runtime.drafters.base import Proposal, Verdict, empty_proposal
+from runtime.drafters.trees import TokenTree, build_tree
 
 
 class BackendDrafter:
@@ -59,8 +59,9 @@ class BackendDrafter:
         self.backend.crop(self.cache, length)
         del self.cached[length:]
 
-    def _sync(self, context: list[int]) -> list[int]:
-        """Roll the cache back to its longest common prefix with `context`; the tokens still to feed."""
+    def sync(self, context: list[int]) -> torch.Tensor:
+        """Bring the cache to `context`: roll it back to their longest common prefix, feed the rest; the
+        hidden state [1, d] after the context, the one the next draft comes from."""
         common = len(self.cached)
         if self.cached != context[:common]:
             mismatches = (i for i, (a, b) in enumerate(zip(self.cached, context)) if a != b)
@@ -68,14 +69,14 @@ class BackendDrafter:
         # Keep one token unfed: its hidden state is what the first draft comes from.
         common = min(common, len(context) - 1)
         self._crop(common)
-        return context[common:]
+        return self.feed(context[common:])
 
     def propose(self, context: list[int], k: int) -> Proposal:
         """k tokens drawn one at a time from the drafter's decoder."""
         self.context_length = len(context)
         if k <= 0:
             return empty_proposal()
-        hidden = self.feed(self._sync(context))  # [1, d]
+        hidden = self.sync(context)  # [1, d]
         tokens, probs = [], []
         for i in range(k):
             guarded = self.ban.rows(len(context) + i, 1)
@@ -100,3 +101,33 @@ class LayerDrafter(BackendDrafter):
 
     def __init__(self, target, layers: int, head) -> None:
         super().__init__(target.truncated(layers), head)
+
+
+class SlotTrees:
+    """SWARM over a backend drafter: its greedy chain of `depth` tokens, the top-K of each slot as the
+    candidates of every node at that depth, confidences from its softmax (they only rank nodes)."""
+
+    def __init__(self, drafter: BackendDrafter, k: int) -> None:
+        self.drafter, self.k = drafter, k
+        self.ban = NO_BAN
+
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        self.ban = ban
+        self.drafter.reset(prompt, params, generator, ban)
+
+    @torch.inference_mode()
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        drafter = self.drafter
+        # The drafter's cache keeps its chain; the next round's sync rolls it back to the kept tokens.
+        hidden = drafter.sync(context)  # [1, d]
+        slots: list[tuple[list[int], list[float]]] = []
+        for i in range(depth):
+            logits = mask_banned(drafter.head.logits(hidden), self.ban.ids, self.ban.rows(len(context) + i, 1))  # [1, V]
+            top = torch.softmax(logits[0].double(), 0).topk(self.k)
+            slots.append((top.indices.tolist(), top.values.tolist()))
+            if i < depth - 1:
+                hidden = drafter.feed([slots[-1][0][0]])
+        return build_tree(lambda path: slots[len(path)], self.k, depth, budget)
+
+    def observe(self, verdict: Verdict) -> None:
+        """Nothing to do: the next tree's sync keeps the cached chain's longest prefix of the context."""

@@ -25,9 +25,9 @@ from typing import Iterator
 import torch
 
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.drafters.base import Proposal, empty_proposal
+from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.ngram import find_earlier
-from runtime.loops.verify import Verdict
+from runtime.drafters.trees import TokenTree, merge_sequences
 
 MIN_HISTORY_NGRAM = 2  # a single token matches everywhere in other sequences: not worth a draft
 MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this many tokens, the newest
@@ -144,3 +144,20 @@ def consensus(votes: list[tuple[list[int], int, int]], limit: int) -> list[int]:
             break
         draft.append(token)
     return draft
+
+
+class LookupTrees:
+    """SWARM over the session lookup drafter: its K best distinct continuations, each as deep as the
+    tree, prefix-merged under the node budget (the best continuation is the first path)."""
+
+    def __init__(self, drafter: LookupDrafter, k: int) -> None:
+        self.drafter, self.k = drafter, k
+
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        self.drafter.reset(prompt, params, generator, ban)
+
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        return merge_sequences(self.drafter.continuations(context, depth, self.k), budget=budget)[0]
+
+    def observe(self, verdict: Verdict) -> None:
+        self.drafter.observe(verdict)

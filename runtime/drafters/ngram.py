@@ -7,8 +7,7 @@ from typing import Iterator
 import torch
 
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.drafters.base import Proposal, empty_proposal
-from runtime.loops.verify import Verdict
+from runtime.drafters.base import Proposal, Verdict, empty_proposal
 
 
 class NgramDrafter:

@@ -17,9 +17,8 @@ import torch
 from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
-from runtime.drafters.base import Drafter, Proposal, empty_proposal
+from runtime.drafters.base import Drafter, Proposal, Verdict, empty_proposal
 from runtime.drafters.trees import TokenTree, build_tree
-from runtime.loops.verify import Verdict
 
 # Tensor names of stage `onedecode`; LEVELS[0] is keyed by the last token, LEVELS[1] by the last two.
 # <level>.keys [n] (single) or [n, 2] (pair) int64, sorted; <level>.tokens [n, K] int64, best
@@ -128,6 +127,26 @@ class OneDecodeDrafter:
         candidates; verification treats them as deterministic (runtime.loops.verify_tree)."""
         window = list(context[-2:])
         return build_tree(lambda path: self.top_k((window + path)[-2:], k), k, depth, budget)
+
+
+class TableTrees:
+    """SWARM over the OneDecode table: its top-K at every node (OTT-SWARM)."""
+
+    def __init__(self, table: OneDecodeDrafter, k: int) -> None:
+        held = table.table.top_k
+        if k > held:  # the table would silently give fewer
+            raise ValueError(f"swarm:onedecode:{k} asks for {k} candidates per slot, but this artifact's table holds "
+                             f"{held} per key (prep bake-onedecode --top-k): use swarm:onedecode:{held}")
+        self.table, self.k = table, k
+
+    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
+        """Nothing to prepare: the table is fixed."""
+
+    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
+        return self.table.tree(context, self.k, depth, budget)
+
+    def observe(self, verdict: Verdict) -> None:
+        """Nothing to learn."""
 
 
 class FirstProposal:

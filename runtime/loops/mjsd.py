@@ -5,10 +5,10 @@ greedy choices. It trades that for output perplexity (the paper reports ~21 % lo
 speed. Never count it among the exact methods.
 
 One round (Algorithm 1 of the paper):
-1. Beam search of width M over gamma tokens in a backend drafter (int8, layers:N, ...): each step
-   feeds the surviving beams' last tokens to the drafter as new nodes of one token tree
-   (TargetModel.forward_tree), so a step costs one drafter forward of M rows, every beam's next
-   distribution at once (runtime.drafters.beam.beam_search ranks the extensions).
+1. A BeamDrafter's beam search of width M over gamma tokens (runtime.drafters.beam.BeamDrafts, over a
+   backend drafter: int8, layers:N, ...): each step feeds the surviving beams' last tokens to the
+   drafter as new nodes of one token tree (TargetModel.forward_tree), so a step costs one drafter
+   forward of M rows, every beam's next distribution at once.
 2. The target scores the best beam only: the acceptance rule looks at nothing else, so a chain
    forward over [last] + best beam gives every row it needs (the same bits a tree forward over all
    beams would give that path's nodes, at gamma + 1 rows instead of the tree's).
@@ -19,7 +19,8 @@ One round (Algorithm 1 of the paper):
 Which p and q: with sampling parameters both are warped by them (the paper warps with top-20, top-p
 0.9) and the extra token is drawn from the warped p. With greedy parameters a one-hot p would make
 the rule plain greedy verification, so the ratio uses the unwarped softmax (temperature 1) of both
-models and the extra token is the target's argmax (the paper's argmax-warped MJGD).
+models and the extra token is the target's argmax (the paper's argmax-warped MJGD); both are
+runtime.common.sampling.joint_probs.
 """
 
 from __future__ import annotations
@@ -28,70 +29,16 @@ import time
 
 import torch
 
-from runtime.drafters.beam import BeamDraft, beam_search
-from runtime.drafters.layers import BackendDrafter
-from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, warp
+from runtime.common.sampling import SamplingParams, TokenBan, joint_probs, mask_banned
+from runtime.drafters.base import BeamDrafter, Verdict
 from runtime.loops.decode import TokenStream, drive
 from runtime.loops.speculative import DEFAULT_GAMMA, Round, stream_rounds
 from runtime.common.stats import DecodeStats, SpecStats
 from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.loops.verify import Verdict
 from runtime.loops.verify_tree import verify_joint
 
-DEFAULT_WIDTH = 4
 DEFAULT_TAU = 0.1  # the paper's setting for every dataset (Appendix D)
-
-
-def joint_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The probabilities MJSD's joint ratio uses [n, V]: warped when sampling, the plain softmax when greedy."""
-    return torch.softmax(logits.double(), dim=-1) if params.greedy else warp(logits, params).double()
-
-
-class BeamDrafts:
-    """Beam drafts from a backend drafter; its cache keeps the best beam's fed prefix after a search."""
-
-    def __init__(self, drafter: BackendDrafter, width: int = DEFAULT_WIDTH) -> None:
-        if width < 1:
-            raise ValueError(f"MJSD needs a beam width >= 1, got {width}")
-        self.drafter, self.width = drafter, width
-        self.params, self.ban = SamplingParams(), NO_BAN
-
-    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
-              ban: TokenBan = NO_BAN) -> None:
-        self.params, self.ban = params, ban
-        self.drafter.reset(prompt, params, generator, ban)
-
-    @torch.inference_mode()
-    def draft(self, context: list[int], gamma: int) -> BeamDraft:
-        """Width-M beam search over gamma tokens after `context` (one drafter tree forward per step)."""
-        drafter = self.drafter
-        hidden = {(): drafter.feed(drafter._sync(context))[0]}  # prefix -> the drafter's hidden state [d] after it
-        start = drafter.cache.length
-        nodes: dict[tuple[int, ...], int] = {}  # prefix -> its node in the drafter's tree
-        parents: list[int] = []
-
-        def next_log_probs(beams: list[list[int]]) -> torch.Tensor:
-            new = [tuple(beam) for beam in beams if tuple(beam) not in hidden]
-            if new:
-                for beam in new:
-                    nodes[beam] = len(parents)
-                    parents.append(nodes[beam[:-1]] if len(beam) > 1 else -1)
-                fed = drafter.backend.forward_tree(torch.tensor([beam[-1] for beam in new]), torch.tensor(parents),
-                                                   drafter.cache, start)  # [n, d]
-                hidden.update(zip(new, fed))
-            rows = torch.stack([hidden[tuple(beam)] for beam in beams])  # [B, d]
-            guarded = self.ban.rows(len(context) + len(beams[0]), 1) * len(beams)
-            logits = mask_banned(drafter.head.logits(rows), self.ban.ids, guarded)  # [B, V]
-            return torch.log(joint_probs(logits, self.params))
-
-        beam = beam_search(next_log_probs, self.width, gamma)
-        # Keep the best beam's fed prefix (all its tokens but the last) for the next round's sync.
-        best = beam.beams[0] if beam.beams else []
-        kept = [nodes[tuple(best[: i + 1])] for i in range(len(best) - 1)]
-        drafter.backend.compact(drafter.cache, start, kept)
-        drafter.cached.extend(best[: len(kept)])
-        return beam
 
 
 def generate_mjsd(*args, **kwargs) -> tuple[list[int], DecodeStats]:
@@ -102,7 +49,7 @@ def generate_mjsd(*args, **kwargs) -> tuple[list[int], DecodeStats]:
 def stream_mjsd(
     target: TargetModel,
     head,
-    drafts: BeamDrafts,
+    drafts: BeamDrafter,
     prompt: torch.Tensor,
     max_new_tokens: int,
     params: SamplingParams = SamplingParams(),

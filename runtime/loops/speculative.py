@@ -14,13 +14,13 @@ from typing import Callable
 
 import torch
 
-from runtime.drafters.base import Drafter, FeatureReader, Proposal
+from runtime.drafters.base import Drafter, FeatureReader, Proposal, Verdict
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
 from runtime.loops.decode import TokenStream, drive
 from runtime.common.stats import DecodeStats, SpecStats
 from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.loops.verify import Verdict, verify_exact, verify_greedy
+from runtime.loops.verify import verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # gamma=G, the adaptive draft length and the draft budget stay in 1..MAX_GAMMA (the grammar checks it too)
 DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer

@@ -7,115 +7,32 @@ Greedy outputs equal generate_ar's token for token; sampled outputs follow the w
 (runtime.loops.verify_tree: the candidates are deterministic, so each sibling is tried at p, never at the
 drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is runtime.loops.speculative's.
 
-Tree sources (TreeDrafter):
-- TableTrees: the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
-- LookupTrees: the session lookup drafter's K best distinct continuations (no model);
-- SlotTrees: any backend drafter's (int8, layers:N, gp, model:) top-K per slot along its own
-  greedy chain, Medusa-style: every node at depth d gets the candidates of the chain's slot d.
+Tree sources (runtime.drafters.base.TreeDrafter), each beside the drafter it reads:
+- TableTrees (runtime.drafters.onedecode): the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
+- LookupTrees (runtime.drafters.lookup): the session lookup drafter's K best distinct continuations (no model);
+- SlotTrees (runtime.drafters.layers): any backend drafter's (int8, layers:N, gp, model:) top-K per slot
+  along its own greedy chain, Medusa-style: every node at depth d gets the candidates of the chain's slot d.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
 
 import torch
 
-from runtime.drafters.layers import BackendDrafter
-from runtime.drafters.lookup import LookupDrafter
-from runtime.drafters.onedecode import OneDecodeDrafter
+from runtime.common.sampling import SamplingParams, TokenBan, mask_banned, select_allowed, warp
+from runtime.drafters.base import TreeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
-from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
 from runtime.loops.decode import TokenStream, drive
 from runtime.loops.speculative import DEFAULT_GAMMA, Round, stream_rounds
 from runtime.common.stats import DecodeStats, SpecStats
 from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
-from runtime.drafters.trees import ROOT, TokenTree, build_tree, merge_sequences
+from runtime.drafters.trees import ROOT, TokenTree
 from runtime.loops.verify_tree import TreeVerdict, verify_tree_exact, verify_tree_greedy
 
 MAX_DEPTH = 8  # tree depth (gamma) stays in 1..MAX_DEPTH, as chain drafts do
 MAX_NODES = 64
-
-
-class TreeDrafter(Protocol):
-    """Proposes a token tree after a context; the loop calls reset, then tree / observe per round."""
-
-    def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
-              ban: TokenBan = NO_BAN) -> None: ...
-
-    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
-        """At most `budget` nodes, at most `depth` deep, after `context` (its last token is the root)."""
-        ...
-
-    def observe(self, verdict: TreeVerdict) -> None: ...
-
-
-class TableTrees:
-    """SWARM over the OneDecode table: its top-K at every node (OTT-SWARM)."""
-
-    def __init__(self, table: OneDecodeDrafter, k: int) -> None:
-        held = table.table.top_k
-        if k > held:  # the table would silently give fewer
-            raise ValueError(f"swarm:onedecode:{k} asks for {k} candidates per slot, but this artifact's table holds "
-                             f"{held} per key (prep bake-onedecode --top-k): use swarm:onedecode:{held}")
-        self.table, self.k = table, k
-
-    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
-        """Nothing to prepare: the table is fixed."""
-
-    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
-        return self.table.tree(context, self.k, depth, budget)
-
-    def observe(self, verdict: TreeVerdict) -> None:
-        """Nothing to learn."""
-
-
-class LookupTrees:
-    """SWARM over the session lookup drafter: its K best distinct continuations, each as deep as the
-    tree, prefix-merged under the node budget (the best continuation is the first path)."""
-
-    def __init__(self, drafter: LookupDrafter, k: int) -> None:
-        self.drafter, self.k = drafter, k
-
-    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
-        self.drafter.reset(prompt, params, generator, ban)
-
-    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
-        return merge_sequences(self.drafter.continuations(context, depth, self.k), budget=budget)[0]
-
-    def observe(self, verdict: TreeVerdict) -> None:
-        self.drafter.observe(verdict)
-
-
-class SlotTrees:
-    """SWARM over a backend drafter: its greedy chain of `depth` tokens, the top-K of each slot as the
-    candidates of every node at that depth, confidences from its softmax (they only rank nodes)."""
-
-    def __init__(self, drafter: BackendDrafter, k: int) -> None:
-        self.drafter, self.k = drafter, k
-        self.ban = NO_BAN
-
-    def reset(self, prompt, params, generator, ban=NO_BAN) -> None:
-        self.ban = ban
-        self.drafter.reset(prompt, params, generator, ban)
-
-    @torch.inference_mode()
-    def tree(self, context: list[int], depth: int, budget: int) -> TokenTree:
-        drafter = self.drafter
-        # The drafter's cache keeps its chain; the next round's sync rolls it back to the kept tokens.
-        hidden = drafter.feed(drafter._sync(context))  # [1, d]
-        slots: list[tuple[list[int], list[float]]] = []
-        for i in range(depth):
-            logits = mask_banned(drafter.head.logits(hidden), self.ban.ids, self.ban.rows(len(context) + i, 1))  # [1, V]
-            top = torch.softmax(logits[0].double(), 0).topk(self.k)
-            slots.append((top.indices.tolist(), top.values.tolist()))
-            if i < depth - 1:
-                hidden = drafter.feed([slots[-1][0][0]])
-        return build_tree(lambda path: slots[len(path)], self.k, depth, budget)
-
-    def observe(self, verdict: TreeVerdict) -> None:
-        """Nothing to do: the next tree's sync keeps the cached chain's longest prefix of the context."""
 
 
 def drop_banned_nodes(tree: TokenTree, ban: TokenBan, start: int) -> TokenTree:

@@ -19,25 +19,10 @@ the verifiers only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from runtime.common.sampling import sample_from
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Outcome of verifying one draft: how many drafts passed and what to append."""
-
-    drafted: int
-    accepted: int
-    tokens: list[int]  # accepted drafts, then one recovered or bonus token
-
-    @property
-    def bonus(self) -> bool:
-        """Every draft passed, so the last token came from the target's extra position."""
-        return self.accepted == self.drafted
+from runtime.drafters.base import Verdict
 
 
 def verify_greedy(target_tokens: torch.Tensor, draft: torch.Tensor) -> Verdict:

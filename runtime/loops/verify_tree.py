@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from runtime.common.sampling import sample_from
+from runtime.drafters.base import Verdict
 from runtime.drafters.trees import ROOT, TokenTree
-from runtime.loops.verify import Verdict
 
 
 @dataclass(frozen=True)
