@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from artifacts.format import TMP_PREFIX
-from runtime.cli import OneLineGroup
-from runtime.cli import clean_errors as runtime_clean_errors
+from runtime.cli.group import OneLineGroup
+from runtime.cli.group import clean_errors as runtime_clean_errors
 from runtime.cli.values import Integer
 from runtime.models import DEFAULT_MODEL
 

@@ -12,7 +12,8 @@ import torch
 from runtime.bench.report import REPORT_SUFFIXES, report_paths
 from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.common.checks import comma_items, is_digits
-from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.cli import values
+from runtime.cli.group import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
 from runtime.kernels import SKINNY_MAX_ROWS, decode_threads
 from runtime.method_spec import BOUNDS
 from runtime.methods import methods_help

@@ -9,7 +9,8 @@ from contextlib import contextmanager, nullcontext
 
 import click
 
-from runtime.cli import clean_errors, main, values
+from runtime.cli import values
+from runtime.cli.group import clean_errors, main
 from runtime.cli.bench import NOTHING_WRITTEN
 from runtime.common.checks import comma_items
 

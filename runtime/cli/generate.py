@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import click
 
-from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
+from runtime.cli import values
+from runtime.cli.group import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
 from runtime.kernels import decode_threads
 from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
 from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from runtime.cli import clean_errors, main
+from runtime.cli.group import clean_errors, main
 
 
 @main.command()

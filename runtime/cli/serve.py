@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from runtime.cli import clean_errors, main, model_options, values
+from runtime.cli import values
+from runtime.cli.group import clean_errors, main, model_options
 from runtime.methods import DEFAULT_METHOD_HELP
 
 

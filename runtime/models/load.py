@@ -12,13 +12,12 @@ from typing import Any, Callable
 
 import torch
 
-from artifacts.fingerprint import ModelInfo, tensor_sha256, vocab_sha256
+from artifacts.fingerprint import ModelInfo
 from runtime.models.cache import read_provenance, update_provenance
+from runtime.models.fingerprint import INFO_FIELDS, fingerprint_fields
 from runtime.models.registry import ModelError, first_line
 from runtime.models.resolve import ResolvedModel, resolve_model
 from runtime.models.tokenizer import load_tokenizer
-
-INFO_FIELDS = ("architecture", "vocab_size", "hidden_size", "lm_head_sha256", "vocab_sha256")
 
 
 @dataclass
@@ -62,18 +61,6 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str = "
         update_provenance(resolved.path, model_info=fields)  # entries made before it was recorded
     model = model.to(device=device, dtype=dtype).eval()
     return LoadedModel(model, tokenizer, _info(resolved, fields), resolved.path, model.config, resolved.gguf_path)
-
-
-def fingerprint_fields(architecture: str, head: torch.Tensor, tokenizer: Any) -> dict[str, Any]:
-    """The ModelInfo fields a model's files determine; vocab_size is the LM head's row count."""
-    head = head.detach().float()  # [V, d], hashed in the dtype prep and runtime load it in
-    return {
-        "architecture": architecture,
-        "vocab_size": head.shape[0],
-        "hidden_size": head.shape[1],
-        "lm_head_sha256": tensor_sha256(head),
-        "vocab_sha256": vocab_sha256(tokenizer.get_vocab()),
-    }
 
 
 def model_info(model: torch.nn.Module, tokenizer: Any, resolved: ResolvedModel) -> ModelInfo:

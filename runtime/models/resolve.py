@@ -32,6 +32,7 @@ from runtime.models.cache import (
     update_provenance,
     write_provenance,
 )
+from runtime.models.fingerprint import fingerprint_fields
 from runtime.models.registry import ModelError, PackagedModel, first_line
 
 
@@ -162,10 +163,8 @@ def _gguf_record(model: PackagedModel) -> dict:
 
 def _convert(gguf: Path, out: Path, log: ModelLog) -> dict:
     """Dequantize a .gguf with transformers, save it as a float32 safetensors directory; return its
-    fingerprint fields (load.fingerprint_fields), computed here so a weights-free load need not."""
+    fingerprint fields (runtime.models.fingerprint), computed here so a weights-free load need not."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from runtime.models.load import fingerprint_fields
 
     with _step(log, f"dequantizing {gguf.name} with transformers (slow, one time)"):
         try:
