@@ -14,13 +14,15 @@ generate with any method of the grammar in runtime.methods, streaming tokens, or
     chat = api.load("art/qwen")                     # an instruct model with a chat template (gemma3-270m has none)
     chat.generate("Tell me a joke.", chat=True, sampling=SamplingParams(temperature=0.7)).text
     record = engine.bench(["ar", "csv", "spec:int8"], ["def fib(n):", "class Stack:"], max_new_tokens=32)
+    two = api.load("art/g270", threads=2)           # this session decodes on 2 threads (None: set_threads' default)
 """
 
 from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,7 +31,7 @@ import torch
 from runtime.common.checks import first_surrogate, require, require_count
 from runtime.common.sampling import MAX_SEED, MIN_RESPONSE_TOKENS, SamplingParams
 from runtime.common.stats import DecodeStats
-from runtime.kernels import kernel_name, set_kernel_threads
+from runtime.kernels import set_decoding_threads
 from runtime.kernels.build import usable_cores
 from runtime.loops.decode import TokenStream
 from runtime.method_builders import Method, build_method
@@ -44,22 +46,22 @@ MAX_CHARS_PER_TOKEN = 64
 
 
 def set_threads(threads: int | None = None) -> int:
-    """Set the decoding threads and return their count.
+    """Set the process default of decoding threads and return their count: what sessions loaded without
+    `threads` (load) and everything outside a session decode with; `runtime --threads` sets it.
 
     `threads`: 1 up to the cores this process may run on, used in every parallel region; None: every
     one of those cores, the kernels leaving the extra ones alone while their workers wait for a core
-    (another process holds one: docs/contention.md). Outputs are the same bits either way.
-
-    The compiled kernels run on their own pool; torch's ops between them (and prefill's attention) run
-    on one thread, as its OpenMP workers split each op statically and spin after it on the core the
-    pool's worker needs (docs/contention.md). Without compiled kernels, torch's ops are the model: they
-    get the count, as does the transformers backend's forward.
+    (another process holds one: docs/contention.md). Outputs are the same bits either way. torch's ops
+    between the kernels run on one thread (runtime.kernels.set_decoding_threads says why).
     """
-    cores = usable_cores()
-    count = cores if threads is None else require_count("threads", threads, 1, cores, " (the cores this process may use)")
-    set_kernel_threads(count, threads is None)
-    torch.set_num_threads(1 if kernel_name() != "torch" else count)
+    count = usable_cores() if threads is None else _thread_count(threads)
+    set_decoding_threads(count, threads is None)
     return count
+
+
+def _thread_count(threads) -> int:
+    """`threads` as a count of the cores this process may use, or a one-line ValueError."""
+    return require_count("threads", threads, 1, usable_cores(), " (the cores this process may use)")
 
 
 def as_method_spec(method: str | MethodSpec) -> MethodSpec:
@@ -127,18 +129,22 @@ def _check_path(name: str, value, what: str) -> None:
         raise TypeError(f"{name} is {what}, a non-empty str or Path; got {value!r:.80}")
 
 
-def load(artifact: str | Path, model: str | None = None, backend: str = "auto", progress: bool = True,
-         chat: bool = False) -> "Engine":
+def load(artifact: str | Path, model: str | None = None, backend: str = "auto", threads: int | None = None,
+         progress: bool = True, chat: bool = False) -> "Engine":
     """Open ART and load its model (or `model`, whose fingerprint must match) on `backend`.
 
+    threads: the session decodes on that many threads (1 up to the cores this process may use), set
+    around each of its calls and put back after; None: the process default (set_threads).
     chat: prompts will be wrapped in the chat template, so a model without one is refused before it loads.
     """
     _check_path("artifact", artifact, "the path of an artifact directory")
     if model is not None:
         _check_path("model", model, "a packaged name, a model directory or a .gguf path (None: the artifact's own)")
+    if threads is not None:
+        threads = _thread_count(threads)
     require(isinstance(progress, bool), "progress", "True or False", progress)
     require(isinstance(chat, bool), "chat", "True or False", chat)
-    return Engine(open_session(artifact, model, progress=progress, backend=backend, chat=chat))
+    return Engine(open_session(artifact, model, progress=progress, backend=backend, chat=chat, threads=threads))
 
 
 class Engine:
@@ -161,7 +167,11 @@ class Engine:
         if spec not in self._methods:
             same = replace(spec, text="")
             built = next((m for m in self._methods.values() if replace(m.spec, text="") == same), None)
-            self._methods[spec] = build_method(self.session, spec) if built is None else replace(built, name=str(spec), spec=spec)
+            if built is None:
+                with self.session.decoding():
+                    self._methods[spec] = build_method(self.session, spec)
+            else:
+                self._methods[spec] = replace(built, name=str(spec), spec=spec)
         return self._methods[spec]
 
     def default_method(self) -> MethodSpec:
@@ -240,7 +250,7 @@ class Engine:
         Every argument is checked before the method is built (which can take seconds: an int8 copy, a drafter model).
         """
         plan = self.prepare(prompt, method, sampling, max_new_tokens, chat, min_response_tokens, stop, seed)
-        return Generation(self.tokenizer, plan.stream(self.method(plan.spec)), plan.note)
+        return Generation(self.tokenizer, plan.stream(self.method(plan.spec)), plan.note, self.session.decoding)
 
     def prepare(
         self,
@@ -311,17 +321,18 @@ class Engine:
                                  "lower max_new_tokens (--max-new-tokens) or drop that prompt")
         built = [self.method(spec) for spec in specs]
         meter = EnergyMeter()
-        results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter)
-        rss = peak_rss_mib()  # the methods' runs, not the perplexity forwards below
-        for result in results:  # after every timed run: one teacher-forced target forward per prompt
-            result.perplexity = perplexity(self.session.target, self.session.full_head(), ids, result.outputs)
+        with self.session.decoding():
+            threads = {"threads": decode_threads(), "adaptive_threads": bool(thread_stats().get("adaptive"))}
+            results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter)
+            rss = peak_rss_mib()  # the methods' runs, not the perplexity forwards below
+            for result in results:  # after every timed run: one teacher-forced target forward per prompt
+                result.perplexity = perplexity(self.session.target, self.session.full_head(), ids, result.outputs)
         return {
             "setup": {
                 "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
-                "threads": decode_threads(), "adaptive_threads": bool(thread_stats().get("adaptive")),
-                "screen_kernel": kernel_name(),
+                **threads, "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
                 "energy_counters": meter.description, **_llamacpp_builds(built), **provenance(),
             },
@@ -407,9 +418,11 @@ class Generation:
     why not in another thread); closing the iterator early (or leaving a `for` loop) ends the loop there.
     """
 
-    def __init__(self, tokenizer, stream: TokenStream, note: str | None = None) -> None:
+    def __init__(self, tokenizer, stream: TokenStream, note: str | None = None,
+                 decoding: Callable[[], AbstractContextManager] = nullcontext) -> None:
         self.tokenizer = tokenizer
         self.note = note  # set when max_new_tokens was lowered to fit the model's context
+        self._decoding = decoding  # the session's threads, around each step (Session.decoding)
         self.tokens: list[int] = []
         self.stats: DecodeStats | None = None
         self._stream = stream
@@ -424,7 +437,8 @@ class Generation:
                     raise RuntimeError("this generation was stopped before its end (its iteration was closed); "
                                        "its tokens so far are in .tokens: call engine.generate again for a new one")
                 try:
-                    token = next(self._stream)
+                    with self._decoding():
+                        token = next(self._stream)
                 except StopIteration as done:
                     _, self.stats = done.value
                     return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.heads import BOUNDS, CertifiedHead, ClusterBound, FullHead, ScreenBound
 from runtime.heads.screen4_bound import Screen4Bound
-from runtime.kernels import has_screen4_kernel, kernel_name
+from runtime.kernels import decoding_threads, has_screen4_kernel, kernel_name
 from runtime.backends import TargetModel, load_target, reload_target
 from runtime.models import LoadedModel, ModelError, ModelLog
 
@@ -17,11 +18,12 @@ from runtime.models import LoadedModel, ModelError, ModelLog
 
 @dataclass
 class Session:
-    """A model, its decoding backend, and the artifact prepared for it."""
+    """A model, its decoding backend, the artifact prepared for it, and the threads it decodes on."""
 
     artifact: Artifact
     model: LoadedModel
     target: TargetModel
+    threads: int | None = None  # None: the process's setting (runtime.api.set_threads)
     _screen_bound: ScreenBound | None = field(default=None, repr=False)
     _screen4_bound: Screen4Bound | None = field(default=None, repr=False)
     _other_targets: dict = field(default_factory=dict, repr=False)  # backend name -> TargetModel
@@ -29,6 +31,10 @@ class Session:
     @property
     def tokenizer(self):
         return self.model.tokenizer
+
+    def decoding(self) -> AbstractContextManager:
+        """Where this session's work runs: on its own thread count, put back after (none: the process's)."""
+        return nullcontext() if self.threads is None else decoding_threads(self.threads)
 
     def target_on(self, backend: str) -> TargetModel:
         """The session's model on another backend (ar:BACKEND, a same-run reference), loaded once."""
@@ -85,13 +91,15 @@ def model_spec_of(artifact: Artifact) -> str:
 
 
 def open_session(
-    artifact_path: str | Path, model: str | None = None, progress: bool = True, backend: str = "auto", chat: bool = False
+    artifact_path: str | Path, model: str | None = None, progress: bool = True, backend: str = "auto", chat: bool = False,
+    threads: int | None = None,
 ) -> Session:
     """Open ART, load its model (or `model`), and refuse a model whose fingerprint differs.
 
     backend: auto (native for a GGUF the native backend reads, else lean where supported, else
     transformers), native, lean or transformers (runtime.backends).
     chat: refuse a model without a chat template before it loads (prompts will be wrapped in one).
+    threads: the session's thread count (Session.decoding), None for the process's.
     """
     artifact = Artifact.open(artifact_path)
     spec = model or model_spec_of(artifact)
@@ -104,4 +112,4 @@ def open_session(
         raise ModelError(f"{e} (the artifact was built for {artifact.model.name}, from {artifact.model.source}); "
                          "pass --model with a local copy of that model") from None
     artifact.check_model(loaded.info)
-    return Session(artifact, loaded, target)
+    return Session(artifact, loaded, target, threads)

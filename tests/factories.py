@@ -17,7 +17,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from runtime.kernels import QuantMatrix, build, kernel_name, set_kernel_threads, thread_stats
+from runtime.kernels import QuantMatrix, build, kernel_name
 
 # Captured at import, before any test's monkeypatch: the real model lives in the user's cache
 # (converting it afresh takes minutes), even while a test points SPECVOCAB_CACHE elsewhere.
@@ -45,18 +45,6 @@ class TinyHead:
     weight: torch.Tensor  # [V, d] float32
     bias: torch.Tensor | None  # [V] or None
     hidden: torch.Tensor  # [B, d] float32
-
-
-@contextlib.contextmanager
-def threads_restored():
-    """The kernels' pool setting and torch's thread count, put back as they were after the block."""
-    pool, torch_count = thread_stats(), torch.get_num_threads()
-    try:
-        yield
-    finally:
-        if pool:
-            set_kernel_threads(pool["threads"], adaptive=bool(pool["adaptive"]))
-        torch.set_num_threads(torch_count)
 
 
 def random_hidden(rows: int, dim: int, generator: torch.Generator, norm: float = HIDDEN_NORM) -> torch.Tensor:

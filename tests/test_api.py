@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
-from factories import threads_restored, tiny_engine
+from factories import tiny_engine
 from runtime import api
-from runtime.kernels import decode_threads
+from runtime.kernels import decode_threads, thread_stats, threads_restored
 from runtime.kernels.build import usable_cores
 from runtime.loops.decode import generate_ar
 from runtime.methods import parse_method
@@ -95,3 +96,31 @@ def test_set_threads():
         assert api.set_threads() == usable_cores() == decode_threads()
         with pytest.raises(ValueError, match="the cores this process may use"):
             api.set_threads(100_000)  # more threads than cores only stall each other
+
+
+def test_a_session_decodes_each_step_on_its_own_threads_and_puts_the_default_back(engine):
+    seen = []
+
+    def stream():
+        for token in (5, 9):
+            seen.append((decode_threads(), bool(thread_stats().get("adaptive"))))
+            yield token
+        return [5, 9], None
+
+    with threads_restored():
+        default = (api.set_threads(), bool(thread_stats().get("adaptive")))  # every core; adaptive with kernels
+        run = api.Generation(engine.tokenizer, stream(), None, replace(engine.session, threads=1).decoding)
+        assert list(run) == [5, 9] and seen == [(1, False), (1, False)]
+        assert (decode_threads(), bool(thread_stats().get("adaptive"))) == default
+
+
+def test_load_records_the_threads_on_the_session(engine, monkeypatch):
+    root = engine.session.artifact.path.parent
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(root / "cache"))
+    with threads_restored():
+        default = api.set_threads()
+        one = api.load(engine.session.artifact.path, threads=1, progress=False)
+        assert (one.session.threads, engine.session.threads) == (1, None)
+        ids = engine.encode("w5 w9 w31 w5 w9")
+        assert list(one.generate(ids, method="spec:layers:1", max_new_tokens=8)) == list(engine.generate(ids, max_new_tokens=8))
+        assert decode_threads() == default

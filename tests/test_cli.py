@@ -397,7 +397,7 @@ def test_bench_threads_compares_settings_per_background_load(artifact: Path, tmp
 def test_bench_threads_gives_every_cell_its_own_method(artifact: Path):
     """A lookup drafter remembers its session: a cell that reused another setting's Method would draft a
     prompt's output from that setting's run of it (a memorised, not a measured, speed)."""
-    from factories import threads_restored
+    from runtime.kernels import threads_restored
     from runtime import api
     from runtime.bench.contention import run_contention
     from runtime.method_builders import build_method

@@ -18,9 +18,9 @@ from runtime import api
 from runtime.bench.contention import busy_loops
 from runtime.kernels.build import usable_cores
 from runtime.kernels import (attend, decode_threads, kernel_name, linear, quant_linear_parts, rms_norm, screen_gemv, screen_gemv_int16,
-                             set_kernel_threads, take_rows, thread_stats, torch_threads)
+                             set_kernel_threads, take_rows, thread_stats, threads_restored, torch_threads)
 
-from factories import random_matrix, threads_restored
+from factories import random_matrix
 
 THREAD_COUNTS = (2, 3)  # 3 on a 2-core machine too: more threads than cores is where a thread is descheduled
 REPEATS = 6

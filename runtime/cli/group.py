@@ -14,8 +14,8 @@ import click
 
 from artifacts import ArtifactError
 from runtime.cli import values
-from runtime.models import ModelError
 from runtime.common.sampling import MIN_RESPONSE_TOKENS
+from runtime.models import ModelError
 
 
 class Interrupted(KeyboardInterrupt):
@@ -113,7 +113,10 @@ class OneLineGroup(click.Group):
 
 
 def model_options(command):
-    """--backend and --threads, shared by the commands that run a model; --threads is applied at once."""
+    """--backend and --threads, shared by the commands that run a model; --threads is applied at once.
+
+    It sets the process default (runtime.api.set_threads), which the command's one session decodes with.
+    """
     from runtime.backends import BACKENDS
 
     @functools.wraps(command)
@@ -127,7 +130,7 @@ def model_options(command):
         click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True,
                      help="Backend (the TargetModel implementation): lean (hand-written forward, gemma3/qwen2/llama), "
                           "transformers, native where available, or auto (the fastest exact one supported)."),
-        click.option("--threads", type=values.THREADS, default=None, help="Torch threads (default: every core this process may use)."),
+        click.option("--threads", type=values.THREADS, default=None, help="Decoding threads (default: every core this process may use, stood down while one is taken)."),
     ]
     for option in reversed(options):
         with_threads = option(with_threads)

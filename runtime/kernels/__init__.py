@@ -50,6 +50,35 @@ def set_kernel_threads(threads: int, adaptive: bool) -> None:
         ext.set_threads(threads, adaptive)
 
 
+def set_decoding_threads(threads: int, adaptive: bool) -> None:
+    """Decode on `threads` threads: the kernels' pool at that count (`adaptive`: set_kernel_threads), torch's
+    ops between the kernels on one thread, as its OpenMP workers split each op statically and spin after it
+    on the core the pool's worker needs (docs/contention.md). Without compiled kernels, torch's ops are the
+    model: they get the count."""
+    set_kernel_threads(threads, adaptive)
+    torch.set_num_threads(1 if kernel_name() != "torch" else threads)
+
+
+@contextmanager
+def threads_restored() -> Iterator[None]:
+    """The kernels' pool setting and torch's thread count, put back as they were after the block."""
+    pool, torch_count = thread_stats(), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if pool:
+            set_kernel_threads(pool["threads"], adaptive=bool(pool["adaptive"]))
+        torch.set_num_threads(torch_count)
+
+
+@contextmanager
+def decoding_threads(threads: int) -> Iterator[None]:
+    """Decode on `threads` threads inside the block (set_decoding_threads, every region parallel); the
+    settings before it after."""
+    with threads_restored():
+        set_decoding_threads(threads, adaptive=False)
+        yield
+
 def decode_threads() -> int:
     """The threads decoding uses: the kernels' pool's count (torch's own count without compiled kernels)."""
     ext = active()[1]
@@ -265,9 +294,12 @@ __all__ = [
     "screen_radius",
     "screen_select",
     "decode_threads",
+    "decoding_threads",
+    "set_decoding_threads",
     "set_kernel_threads",
     "torch_threads",
     "take_rows",
     "thread_stats",
+    "threads_restored",
     "unpack_int4",
 ]

@@ -223,10 +223,12 @@ class Scheduler:
     # --- the worker -----------------------------------------------------------------------------
 
     def run(self, keep_going: Callable[[], bool] = lambda: True) -> None:
-        """Decode until stop() (or until keep_going() is false); then fail whatever is left, as stopping."""
+        """Decode (on the session's threads) until stop() (or until keep_going() is false); then fail
+        whatever is left, as stopping."""
         try:
-            while not self._stopping.is_set() and keep_going():
-                self.step()
+            with self.engine.session.decoding():
+                while not self._stopping.is_set() and keep_going():
+                    self.step()
         finally:
             self._stopping.set()
             self._fail_all(Failed(503, "the server is shutting down; retry on another server", "server_error"))

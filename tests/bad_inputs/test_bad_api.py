@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from factories import threads_restored, tiny_engine
+from factories import tiny_engine
 from runtime import api
-from runtime.kernels import decode_threads
+from runtime.kernels import decode_threads, threads_restored
 from runtime.kernels.build import usable_cores
 from runtime.method_builders import build_method
 from runtime.common.sampling import SamplingParams
@@ -179,9 +179,10 @@ def test_a_method_that_is_neither_a_name_nor_a_method_spec(engine, method):
                          ids=["0", "negative", "fraction", "bool", "above-cores"])
 def test_bad_thread_counts(threads):
     before = (decode_threads(), torch.get_num_threads())
-    with pytest.raises(ValueError) as error:
-        api.set_threads(threads)
-    assert f"threads must be an integer in 1..{usable_cores()} (the cores this process may use)" in one_line(error)
+    for call in (lambda: api.set_threads(threads), lambda: api.load("no-such-artifact", threads=threads)):
+        with pytest.raises(ValueError) as error:
+            call()
+        assert f"threads must be an integer in 1..{usable_cores()} (the cores this process may use)" in one_line(error)
     assert (decode_threads(), torch.get_num_threads()) == before
 
 
