@@ -2,7 +2,8 @@
 
 A self-drafter (layers:N, int8, gp) is a slice or a transform of the target's own backend
 (TargetModel.truncated, DecoderTarget.with_decoder), so a drafter and its target always run on
-the same forward: transformers, lean or native.
+the same forward: transformers, lean or native. SlotTrees gives such a drafter's top-K per slot as
+a token tree (swarm:DRAFTER:K).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ predictions) maps a key to up to K next tokens, best first, each with a confiden
 probability of that token over the key's occurrences in the traces. Drafts are deterministic, so
 they verify as point masses (Proposal.probs None): verification, and with it exactness, is the
 loop's as for any drafter. The confidence only decides how far to draft; it is never used as q.
+TableTrees gives the table's top-K at every node as a token tree (swarm:onedecode:K).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ import torch
 from runtime.common.sampling import SamplingParams, TokenBan, joint_probs, mask_banned
 from runtime.drafters.base import BeamDrafter, Verdict
 from runtime.loops.decode import TokenStream, drive
-from runtime.loops.speculative import DEFAULT_GAMMA, Round, stream_rounds
+from runtime.loops.rounds import Round, stream_rounds
+from runtime.loops.speculative import DEFAULT_GAMMA
 from runtime.common.stats import DecodeStats, SpecStats
 from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel

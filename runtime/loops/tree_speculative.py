@@ -5,7 +5,7 @@ cache is compacted to the kept path.
 
 Greedy outputs equal generate_ar's token for token; sampled outputs follow the warped target exactly
 (runtime.loops.verify_tree: the candidates are deterministic, so each sibling is tried at p, never at the
-drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is runtime.loops.speculative's.
+drafter's confidence). The loop skeleton (prefill, EOS, stop strings, stats) is runtime.loops.rounds'.
 
 Tree sources (runtime.drafters.base.TreeDrafter), each beside the drafter it reads:
 - TableTrees (runtime.drafters.onedecode): the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
@@ -24,7 +24,8 @@ from runtime.common.sampling import SamplingParams, TokenBan, mask_banned, selec
 from runtime.drafters.base import TreeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.loops.decode import TokenStream, drive
-from runtime.loops.speculative import DEFAULT_GAMMA, Round, stream_rounds
+from runtime.loops.rounds import Round, stream_rounds
+from runtime.loops.speculative import DEFAULT_GAMMA
 from runtime.common.stats import DecodeStats, SpecStats
 from runtime.text.stopping import StopStrings
 from runtime.backends.base import TargetModel
