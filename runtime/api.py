@@ -35,7 +35,7 @@ from runtime.kernels import set_decoding_threads
 from runtime.kernels.build import usable_cores
 from runtime.loops.decode import TokenStream
 from runtime.method_builders import Method, build_method
-from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
+from runtime.methods import METHODS, MethodSpec, check_distinct, default_method, parse_method
 from runtime.session import Session, open_session
 from runtime.text.prompting import encode_prompt
 from runtime.text.stopping import StopStrings
@@ -174,6 +174,13 @@ class Engine:
                 self._methods[spec] = replace(built, name=str(spec), spec=spec)
         return self._methods[spec]
 
+    def _fresh(self, method: Method) -> Method:
+        """A new build of `method` (a new drafter session and draft budget); a reference run by another
+        program (llama.cpp) as it is, since it keeps no session of ours."""
+        if METHODS[method.spec.name].bench_only:
+            return method
+        return replace(build_method(self.session, method.spec), name=method.name)
+
     def default_method(self) -> MethodSpec:
         """The method generate runs when none is named: the fastest exact one this artifact and CPU
         allow (runtime.methods.default_method)."""
@@ -292,11 +299,16 @@ class Engine:
         seed: int = 0,
         chat: bool = False,
         min_response_tokens: int | None = None,
+        keep_session: bool = False,
     ) -> dict:
         """Run methods interleaved on the same prompts (ar always among them, first); the JSON record
         `runtime bench` writes: setup, and one row per method (tok/s, speedup over ar in this run, the
         target's perplexity of its output, joules per token or null with the reason, ...). A bare string
-        is one method, or one prompt. Every argument and prompt is checked before any method is built."""
+        is one method, or one prompt. Every argument and prompt is checked before any method is built.
+
+        Each prompt runs on a freshly built method, as `runtime generate` and every served request do;
+        keep_session: each method keeps its drafter's session across the prompts instead (lookup then also
+        drafts from the earlier prompts' outputs, as it does over one Engine's generate calls)."""
         from runtime.bench.energy import EnergyMeter
         from runtime.bench.perplexity import perplexity
         from runtime.bench.provenance import provenance
@@ -323,7 +335,8 @@ class Engine:
         meter = EnergyMeter()
         with self.session.decoding():
             threads = {"threads": decode_threads(), "adaptive_threads": bool(thread_stats().get("adaptive"))}
-            results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter)
+            results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter,
+                                fresh=None if keep_session else self._fresh)
             rss = peak_rss_mib()  # the methods' runs, not the perplexity forwards below
             for result in results:  # after every timed run: one teacher-forced target forward per prompt
                 result.perplexity = perplexity(self.session.target, self.session.full_head(), ids, result.outputs)
@@ -332,6 +345,7 @@ class Engine:
                 "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
+                "drafter_session": "kept across prompts" if keep_session else "new per prompt",
                 **threads, "screen_kernel": kernel_name(),
                 "backend": self.session.target.name, "peak_rss_mib": rss,
                 "energy_counters": meter.description, **_llamacpp_builds(built), **provenance(),

@@ -90,6 +90,21 @@ def test_bench_puts_ar_first_and_reports_identity_and_peak_rss(engine):
         engine.bench(["csv", parse_method("csv:screen")], ["hi w7 w8"], max_new_tokens=2)
 
 
+def test_bench_starts_every_prompt_fresh_unless_the_session_is_kept(engine):
+    # A prompt run twice: a fresh lookup session drafts the second run as it did the first; a kept one
+    # drafts the first run's output from memory, so it accepts more.
+    def lookup_row(**options):
+        record = engine.bench(["spec:lookup"], ["w3 w4 w11 w3 w4 w12"] * 2, max_new_tokens=24, **options)
+        return record["setup"]["drafter_session"], record["methods"][1]
+
+    alone = engine.bench(["spec:lookup"], ["w3 w4 w11 w3 w4 w12"], max_new_tokens=24)["methods"][1]
+    (fresh_note, fresh), (kept_note, kept) = lookup_row(), lookup_row(keep_session=True)
+    assert (fresh_note, kept_note) == ("new per prompt", "kept across prompts")
+    assert fresh["mean_accepted_length"] == alone["mean_accepted_length"]
+    assert kept["mean_accepted_length"] > fresh["mean_accepted_length"]
+    assert fresh["identical_to_greedy"] == kept["identical_to_greedy"] == 1.0
+
+
 def test_set_threads():
     with threads_restored():
         assert api.set_threads(1) == 1 == decode_threads()

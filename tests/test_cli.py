@@ -394,9 +394,9 @@ def test_bench_threads_compares_settings_per_background_load(artifact: Path, tmp
     assert record["setup"]["background_load"] == [0, 1] and "| busy-loop processes |" in result.output
 
 
-def test_bench_threads_gives_every_cell_its_own_method(artifact: Path):
-    """A lookup drafter remembers its session: a cell that reused another setting's Method would draft a
-    prompt's output from that setting's run of it (a memorised, not a measured, speed)."""
+def test_bench_threads_gives_every_run_its_own_method(artifact: Path):
+    """A lookup drafter remembers its session: a run that reused another setting's Method (or the one of
+    the prompt before) would draft from that run's output (a memorised, not a measured, speed)."""
     from runtime.kernels import threads_restored
     from runtime import api
     from runtime.bench.contention import run_contention
@@ -409,10 +409,11 @@ def test_bench_threads_gives_every_cell_its_own_method(artifact: Path):
         built.append(build_method(engine.session, spec))
         return built[-1]
 
-    ids = [engine.encode("hi w5 w6 w5 w6")]
+    ids = [engine.encode("hi w5 w6 w5 w6"), engine.encode("hi w7 w5 w6 w5")]
     with threads_restored():
         cells = run_contention([api.as_method_spec("spec:lookup")], build, ids, 4, ["default", "1"], [0, 0], api.set_threads)
-    assert len(built) == 4 and len({id(m) for m in built}) == 4  # one per (load, setting)
+    # One per (load, setting) for the warm-up, then one per (load, setting, prompt) run.
+    assert len(built) == 4 + 8 and len({id(m) for m in built}) == 12
     assert len(cells) == 4 and all(cell.outputs == cells[0].outputs for cell in cells)
 
 

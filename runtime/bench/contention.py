@@ -66,9 +66,9 @@ def run_contention(specs: list[MethodSpec], build: Callable[[MethodSpec], Method
                    warmup_tokens: int = 8) -> list[Cell]:
     """Every (method, setting) on every prompt, the order rotated per prompt, once per background load.
 
-    build(spec) gives a new Method: each (load, method, setting) decodes with its own, as a drafter
-    that remembers its session (lookup) would otherwise draft a prompt's output from another setting's
-    run of the same prompt. settings: DEFAULT or a thread count as text; set_threads(None | int)
+    build(spec) gives a new Method: every run decodes with its own, as `runtime generate` and each
+    served request do (a drafter that remembers its session, lookup, would otherwise draft a prompt's
+    output from another setting's run of the same prompt, or from the earlier prompts). settings: DEFAULT or a thread count as text; set_threads(None | int)
     applies one (runtime.api.set_threads). Greedy decoding: every cell's tokens must equal the first
     cell's (threads never change outputs).
     """
@@ -88,7 +88,7 @@ def run_contention(specs: list[MethodSpec], build: Callable[[MethodSpec], Method
                     for method, setting in combos[shift:] + combos[:shift]:
                         set_threads(None if setting == DEFAULT else int(setting))
                         before = thread_stats().get("fallbacks", 0)
-                        tokens, stats = method.decode(prompt, max_new_tokens, params, torch.Generator().manual_seed(seed))
+                        tokens, stats = build(method.spec).decode(prompt, max_new_tokens, params, torch.Generator().manual_seed(seed))
                         cell = here[(method.name, setting)]
                         cell.tokens += stats.decode_tokens
                         cell.seconds += stats.seconds_decode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -53,6 +54,7 @@ def run_bench(
     warmup_tokens: int = 8,
     min_new_tokens: int = 0,
     meter: EnergyMeter | None = None,
+    fresh: Callable[[Method], Method] | None = None,
 ) -> list[MethodResult]:
     """Warm every method up, then for each prompt run every method (rotating the order).
 
@@ -61,6 +63,9 @@ def run_bench(
 
     min_new_tokens: the EOS min-response guard, passed to every method (bench --chat).
     meter: the energy counters read around each decode call (default: this machine's).
+    fresh: gives the Method a prompt runs with: a new one (a new drafter session, as each `runtime
+    generate` process and each served request starts), or None to keep each method's session
+    across the prompts (lookup then drafts from the earlier prompts' outputs too).
     """
     meter = EnergyMeter() if meter is None else meter
     warmup = prompts[0][: max(1, prompts[0].numel() // 2)]
@@ -74,8 +79,9 @@ def run_bench(
         for method in methods[shift:] + methods[:shift]:
             # Same seed per prompt for every method: exact samplers must then agree token for token.
             generator = torch.Generator().manual_seed(seed + index)
+            run = method if fresh is None else fresh(method)
             before = meter.read()
-            tokens, stats = method.decode(prompt, max_new_tokens, params, generator, min_new_tokens)
+            tokens, stats = run.decode(prompt, max_new_tokens, params, generator, min_new_tokens)
             joules = meter.joules_since(before)
             results[method.name].outputs.append(tokens)
             results[method.name].runs.append(stats)

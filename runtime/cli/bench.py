@@ -42,11 +42,15 @@ NOTHING_WRITTEN = "nothing is written (a record holds whole runs only): rerun th
 @click.option("--model", default=None, help="Model to run (default: the one the artifact was built for).")
 @click.option("--background-load", type=values.BACKGROUND_LOAD, default=0, show_default=True,
               help="Busy-loop processes beside the bench, started and stopped by it: a machine whose cores are taken.")
+@click.option("--keep-session", is_flag=True,
+              help="Keep each method's drafter session across the prompts (lookup also drafts from the earlier "
+                   "prompts' outputs, as over one Python Engine); by default each prompt starts fresh, as "
+                   "`runtime generate` and every served request do.")
 @sampling_options
 @model_options
 @clean_errors(interrupted=NOTHING_WRITTEN)
 def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min_response_tokens, json_path, force, model,
-          background_load, temperature, top_k, top_p, epsilon, seed, backend) -> None:
+          background_load, keep_session, temperature, top_k, top_p, epsilon, seed, backend) -> None:
     """Run methods interleaved on the same prompts; report tok/s, speedup over ar in one run, peak RSS.
 
     \b
@@ -73,7 +77,8 @@ def bench(artifact, prompt_source, specs, num_prompts, max_new_tokens, chat, min
                    err=True)
     engine = api.load(artifact, model, backend=backend, chat=chat)
     with busy_loops(background_load):
-        record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None)
+        record = engine.bench(specs, texts, max_new_tokens, params, seed, chat, min_response_tokens if chat else None,
+                              keep_session)
     record = {"command": "runtime bench " + " ".join(sys.argv[2:]),
               "setup": {"prompts": prompt_source, **record["setup"], "background_load": background_load},
               "methods": record["methods"]}
