@@ -34,6 +34,7 @@ def in_user_cache():
             mp.setenv("SPECVOCAB_CACHE", USER_CACHE)
         yield
 
+
 TINY_VOCAB, TINY_DIM = 4096, 64
 HIDDEN_NORM = 100.0  # real models' final-normed hidden states have norms ~130-180
 

@@ -167,6 +167,7 @@ def joint_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     softmax (temperature 1) when greedy, where a point mass would make the ratio plain greedy verification."""
     return torch.softmax(logits.double(), dim=-1) if params.greedy else warp(logits, params).double()
 
+
 def sample_from(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One index drawn in proportion to nonnegative weights [V], by inverting the float64 CDF.
 

@@ -79,6 +79,7 @@ def decoding_threads(threads: int) -> Iterator[None]:
         set_decoding_threads(threads, adaptive=False)
         yield
 
+
 def decode_threads() -> int:
     """The threads decoding uses: the kernels' pool's count (torch's own count without compiled kernels)."""
     ext = active()[1]
