@@ -30,8 +30,7 @@ from runtime.checks import first_surrogate, require, require_count
 from runtime.decode import TokenStream
 from runtime.kernels import kernel_name, set_kernel_threads
 from runtime.kernels.build import usable_cores
-from runtime.method_builders import Method, build_method
-from runtime.methods import MethodSpec, check_distinct, default_method, parse_method
+from runtime.methods import Method, MethodSpec, build_method, check_distinct, default_method, parse_method
 from runtime.prompting import encode_prompt
 from runtime.sampling import MAX_SEED, MIN_RESPONSE_TOKENS, SamplingParams
 from runtime.session import Session, open_session

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import httpx
 
 from runtime.api import Engine, Generation
-from runtime.method_builders import build_method
+from runtime.methods import build_method
 from runtime.sampling import SamplingParams
 from runtime.serve.app import create_app
 from runtime.serve.scheduler import Scheduler

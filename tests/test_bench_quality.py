@@ -19,7 +19,7 @@ from runtime.bench.perplexity import output_nll, perplexity
 from runtime.bench.report import markdown_table
 from runtime.bench.runner import run_bench, summarize
 from runtime.heads import FullHead
-from runtime.method_builders import Method
+from runtime.methods import Method
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats
 

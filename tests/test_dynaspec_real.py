@@ -12,7 +12,7 @@ from prep.router_train import RouterConfig, train_router
 from prep.stages import created_by
 from prep.traces import build_traces
 from runtime.backends.hf import TransformersTarget
-from runtime.method_builders import build_method
+from runtime.methods import build_method
 from runtime.decode import generate_ar
 from runtime.sampling import SamplingParams
 from runtime.session import Session

@@ -31,8 +31,7 @@ LAYERS = [
      "runtime.trees", "runtime.verify_tree"),
     ("runtime.drafters", "runtime.session"),
     ("runtime.decode", "runtime.speculative", "runtime.tree_speculative", "runtime.mjsd"),
-    ("runtime.methods", "runtime.method_spec", "runtime.method_builders", "runtime.bench", "runtime.llamacpp",
-     "runtime.llamacpp_server"),
+    ("runtime.methods", "runtime.bench", "runtime.llamacpp", "runtime.llamacpp_server"),
     ("runtime.api",),
     ("runtime.serve",),
     ("runtime.cli", "runtime.__main__"),
@@ -85,7 +84,7 @@ def test_drafters_and_heads_import_no_loop_bench_cli_or_api():
 
     root = Path(runtime.__file__).parent
     forbidden = ("runtime.speculative", "runtime.decode", "runtime.bench", "runtime.cli", "runtime.api",
-                 "runtime.methods", "runtime.method_spec", "runtime.method_builders")
+                 "runtime.methods")
     for package in ("drafters", "heads"):
         for path in (root / package).rglob("*.py"):
             bad = [name for name in _imports(path) if name.startswith(forbidden)]

@@ -20,8 +20,7 @@ import torch
 from tqdm import tqdm
 
 from runtime.kernels import thread_stats
-from runtime.method_builders import Method
-from runtime.method_spec import MethodSpec
+from runtime.methods import Method, MethodSpec
 from runtime.sampling import SamplingParams
 
 BUSY_LOOP = "while True: pass"

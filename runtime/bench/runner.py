@@ -10,8 +10,7 @@ import torch
 from tqdm import tqdm
 
 from runtime.bench.energy import EnergyMeter
-from runtime.method_builders import Method
-from runtime.method_spec import preserves_distribution
+from runtime.methods import Method, preserves_distribution
 from runtime.sampling import SamplingParams
 from runtime.stats import DecodeStats, HeadStats, SpecStats
 

@@ -9,8 +9,9 @@ import click
 
 from runtime.cli import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params, values
 from runtime.kernels import decode_threads
-from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
-from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
+from runtime.heads import BOUNDS
+from runtime.methods import (DEFAULT_METHOD_HELP, METHODS, NOT_PRESERVING, MethodSpec, canonical, methods_help, parse_method,
+                             preserves_distribution)
 from runtime.speculative import MAX_GAMMA
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...),
@@ -107,7 +108,6 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"   (deprecated flags)
     """
     from runtime import api
-    from runtime.methods import METHODS
     from runtime.prompting import TextStream
 
     # Every cheap check before the model loads.

@@ -11,12 +11,14 @@ the target's, whatever the drafter proposes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from runtime.backends.target import DecoderTarget
 from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.registry import DraftContext, no_arguments
 from runtime.kernels import SKINNY_MAX_ROWS, screen_gemv
 from runtime.numerics import quantize_rows_int8
 
@@ -60,3 +62,19 @@ class Int8Drafter(BackendDrafter):
         if not isinstance(target, DecoderTarget):
             raise ValueError("the int8 drafter runs on the lean or native backend; use --backend auto, lean or native")
         super().__init__(int8_copy(target), head)
+
+
+@dataclass(frozen=True)
+class Int8Options:
+    """int8 takes no argument."""
+
+    @classmethod
+    def parse(cls, args: list[str]) -> Int8Options:
+        no_arguments("int8", args)
+        return cls()
+
+    def format(self) -> tuple[str, ...]:
+        return ()
+
+    def build(self, context: DraftContext) -> Int8Drafter:
+        return Int8Drafter(context.target, context.head)

@@ -7,9 +7,12 @@ the same forward: transformers, lean or native.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
+from runtime.drafters.registry import DraftContext, positive
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, select_allowed, warp
 from runtime.verify import Verdict
 
@@ -100,3 +103,22 @@ class LayerDrafter(BackendDrafter):
 
     def __init__(self, target, layers: int, head) -> None:
         super().__init__(target.truncated(layers), head)
+
+
+@dataclass(frozen=True)
+class LayersOptions:
+    """layers:N: draft with the target's first N layers."""
+
+    layers: int
+
+    @classmethod
+    def parse(cls, args: list[str]) -> LayersOptions:
+        if len(args) != 1:
+            raise ValueError(f"layers takes one layer count, layers:N, not layers:{':'.join(args)}; e.g. layers:6")
+        return cls(positive(args[0], "layers:N", "layers:6"))
+
+    def format(self) -> tuple[str, ...]:
+        return (str(self.layers),)
+
+    def build(self, context: DraftContext) -> LayerDrafter:
+        return LayerDrafter(context.target, self.layers, context.head)

@@ -18,6 +18,7 @@ bench prompts; a new process starts empty. Drafts are verified like any other, s
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from fractions import Fraction
 from itertools import takewhile
 from typing import Iterator
@@ -26,6 +27,7 @@ import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.ngram import find_earlier
+from runtime.drafters.registry import DraftContext, max_ngram
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
 
@@ -124,6 +126,23 @@ class LookupDrafter:
     def observe(self, verdict: Verdict) -> None:
         """The verified tokens join the current sequence (what the session will remember)."""
         self._sequence.extend(int(t) for t in verdict.tokens)
+
+
+@dataclass(frozen=True)
+class LookupOptions:
+    """lookup[:MAX_NGRAM]: the longest n-gram looked up (None: LookupDrafter's default)."""
+
+    max_ngram: int | None = None
+
+    @classmethod
+    def parse(cls, args: list[str]) -> LookupOptions:
+        return cls(max_ngram("lookup", args, 4))
+
+    def format(self) -> tuple[str, ...]:
+        return () if self.max_ngram is None else (str(self.max_ngram),)
+
+    def build(self, context: DraftContext) -> LookupDrafter:
+        return LookupDrafter() if self.max_ngram is None else LookupDrafter(self.max_ngram)
 
 
 def consensus(votes: list[tuple[list[int], int, int]], limit: int) -> list[int]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
+from runtime.drafters.registry import DraftContext, max_ngram
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
 
@@ -42,6 +44,23 @@ class NgramDrafter:
 
     def observe(self, verdict: Verdict) -> None:
         """Nothing to learn: the appended tokens reach the next proposal through the context."""
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """ngram[:MAX_NGRAM]: the longest n-gram looked up (None: NgramDrafter's default)."""
+
+    max_ngram: int | None = None
+
+    @classmethod
+    def parse(cls, args: list[str]) -> NgramOptions:
+        return cls(max_ngram("ngram", args, 3))
+
+    def format(self) -> tuple[str, ...]:
+        return () if self.max_ngram is None else (str(self.max_ngram),)
+
+    def build(self, context: DraftContext) -> NgramDrafter:
+        return NgramDrafter() if self.max_ngram is None else NgramDrafter(self.max_ngram)
 
 
 def find_latest(context: list[int], n: int) -> int | None:

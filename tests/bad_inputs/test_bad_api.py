@@ -15,7 +15,7 @@ from factories import threads_restored, tiny_engine
 from runtime import api
 from runtime.kernels import decode_threads
 from runtime.kernels.build import usable_cores
-from runtime.method_builders import build_method
+from runtime.methods import build_method
 from runtime.sampling import SamplingParams
 
 PROMPT = "w5 w9 w31 w5 w9"
