@@ -23,12 +23,12 @@ EXAMPLES = {
     "swarm": ["swarm:onedecode:4", "swarm:int8:4", "swarm:layers:1:2:gamma=3:nodes=8+csv"],
     "mjsd": ["mjsd:int8", "mjsd:layers:1:beam=2:tau=0.5:gamma=3"], "llamacpp": ["llamacpp", "llamacpp:lookup:4"],
 }
-DRAFTER_EXAMPLES = {"ngram": "ngram:3", "lookup": "lookup:4", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
+DRAFTER_EXAMPLES = {"ngram": "ngram:3", "lookup": "lookup:4", "suffix": "suffix:match=8:prob=0.2", "layers": "layers:1", "gp": "gp:16:act", "model": "model:some/dir",
                     "int8": "int8", "dynaspec": "dynaspec:int8:k=4", "frspec": "frspec:layers:1:20",
                     "onedecode": "onedecode:fallback=ngram", "eagle": "eagle:frspec=512:lookup"}
 # The tiny model's artifact has the screen and clusters stages only: no router, no gp bases, one layer to drop.
 RUNNABLE = ["ar", "ar:transformers", "csv", "csv:cluster", "spec:ngram:gamma=2", "spec:layers:1:adaptive+csv",
-            "spec:ngram+csv:cluster", "screenspec:layers:1:gamma=3"]
+            "spec:ngram+csv:cluster", "screenspec:layers:1:gamma=3", "spec:suffix:gamma=2"]
 
 
 def meaning(spec):

@@ -20,12 +20,14 @@ from runtime.drafters.onedecode import ONEDECODE_HELP, OnedecodeOptions
 from runtime.drafters.registry import (DRAFTERS, DraftContext, DrafterEntry, DrafterSpec, build_drafter, drafters_help,
                                        parse_drafter, register_drafter)
 from runtime.drafters.shortlist_names import DynaspecOptions, FrspecOptions
+from runtime.drafters.suffix import SUFFIX_HELP, SuffixDrafter, SuffixOptions
 
 register_drafter(DrafterEntry("ngram", NgramOptions, "ngram[:MAX_NGRAM] (prompt lookup)", head="none"))
 register_drafter(DrafterEntry(
     "lookup", LookupOptions,
     "lookup[:MAX_NGRAM] (prompt lookup plus the session's earlier sequences; an n-token match drafts at most n)",
     head="none"))
+register_drafter(DrafterEntry("suffix", SuffixOptions, SUFFIX_HELP, head="none"))
 register_drafter(DrafterEntry("layers", LayersOptions, "layers:N (the target's first N layers)"))
 register_drafter(DrafterEntry("gp", GPOptions, GP_HELP, alone=True))
 register_drafter(DrafterEntry("model", ModelOptions, "model:NAME|PATH (a model with the target's tokenizer)", head="none"))
@@ -45,6 +47,6 @@ register_drafter(DrafterEntry(
 
 __all__ = [
     "DRAFTERS", "DraftContext", "Drafter", "DrafterEntry", "DrafterSpec", "EagleDrafter", "GPDrafter", "Int8Drafter",
-    "LayerDrafter", "LookupDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "build_drafter", "drafters_help",
-    "load_model_drafter", "parse_drafter", "register_drafter",
+    "LayerDrafter", "LookupDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "SuffixDrafter", "build_drafter",
+    "drafters_help", "load_model_drafter", "parse_drafter", "register_drafter",
 ]

@@ -8,8 +8,10 @@ A method is one module here: its frozen options dataclass (parse, format, build)
 from __future__ import annotations
 
 from runtime.drafters import DrafterSpec
+# isort: off
 # Each registers its methods, in the order --help lists them.
-from runtime.methods import plain, chain, tree, mjsd, llamacpp  # noqa: F401, I001
+from runtime.methods import plain, chain, tree, mjsd, llamacpp  # noqa: F401
+# isort: on
 from runtime.methods.build import Method, build_method
 from runtime.methods.grammar import DEFAULT_METHOD_HELP, check_distinct, default_method, methods_help, parse_method, parse_methods
 from runtime.methods.registry import ALIASES, METHODS, MethodAlias, MethodEntry, register_alias, register_method

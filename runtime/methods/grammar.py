@@ -43,9 +43,11 @@ def default_method(bound: str | None) -> MethodSpec:
 
 
 def methods_help() -> str:
-    """The registered methods, their aliases and the drafters, for --help texts."""
-    lines = [marked(entry.help, entry.distribution_preserving) for entry in METHODS.values()]
-    lines += [alias.help for alias in ALIASES.values()]
+    """The registered methods (each followed by its aliases) and the drafters, for --help texts."""
+    lines = []
+    for entry in METHODS.values():
+        lines.append(marked(entry.help, entry.distribution_preserving))
+        lines += [alias.help for alias in ALIASES.values() if alias.method == entry.name]
     return "; ".join(lines) + ". DRAFTER: " + drafters_help() + "."
 
 
