@@ -7,12 +7,7 @@ right below; `runtime.methods` imports every method module, so the registry is f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
-
-if TYPE_CHECKING:
-    from runtime.methods.spec import MethodSpec
-    from runtime.methods.streamer import Streamer
-    from runtime.session import Session
+from typing import Callable, Protocol
 
 
 class MethodOptions(Protocol):
@@ -32,8 +27,9 @@ class MethodOptions(Protocol):
         """The canonical words after the name (parse(format()) == self)."""
         ...
 
-    def build(self, session: Session, spec: MethodSpec) -> Streamer:
-        """The stream of this method over `session`; `spec` carries the target head and its budgets."""
+    def build(self, session, spec):
+        """The method's Streamer (runtime.methods.streamer) over `session` (a Session); `spec`, its MethodSpec
+        (runtime.methods.spec, which reads this registry), carries the target head and its budgets."""
         ...
 
 
