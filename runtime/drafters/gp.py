@@ -20,7 +20,8 @@ from runtime.backends.layers import Projection
 from runtime.backends.target import DecoderTarget
 from runtime.checks import is_digits
 from runtime.drafters.layers import BackendDrafter
-from runtime.drafters.registry import DraftContext, need_artifact
+from runtime.drafters.arguments import need_artifact
+from runtime.drafters.registry import DraftContext
 
 # Linears that read the same input, by their path inside a decoder layer (llama, qwen2, gemma3).
 GROUPS: dict[str, tuple[str, ...]] = {

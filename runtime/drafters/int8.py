@@ -18,7 +18,8 @@ import torch
 
 from runtime.backends.target import DecoderTarget
 from runtime.drafters.layers import BackendDrafter
-from runtime.drafters.registry import DraftContext, no_arguments
+from runtime.drafters.arguments import no_arguments
+from runtime.drafters.registry import DraftContext
 from runtime.kernels import SKINNY_MAX_ROWS, screen_gemv
 from runtime.numerics import quantize_rows_int8
 

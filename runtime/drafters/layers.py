@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.drafters.registry import DraftContext, positive
+from runtime.drafters.arguments import positive
+from runtime.drafters.registry import DraftContext
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, select_allowed, warp
 from runtime.verify import Verdict
 

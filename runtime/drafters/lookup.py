@@ -27,7 +27,7 @@ import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.ngram import find_earlier
-from runtime.drafters.registry import DraftContext, max_ngram
+from runtime.drafters.arguments import MaxNgramOptions
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
 
@@ -129,20 +129,10 @@ class LookupDrafter:
 
 
 @dataclass(frozen=True)
-class LookupOptions:
-    """lookup[:MAX_NGRAM]: the longest n-gram looked up (None: LookupDrafter's default)."""
+class LookupOptions(MaxNgramOptions):
+    """lookup[:MAX_NGRAM]."""
 
-    max_ngram: int | None = None
-
-    @classmethod
-    def parse(cls, args: list[str]) -> LookupOptions:
-        return cls(max_ngram("lookup", args, 4))
-
-    def format(self) -> tuple[str, ...]:
-        return () if self.max_ngram is None else (str(self.max_ngram),)
-
-    def build(self, context: DraftContext) -> LookupDrafter:
-        return LookupDrafter() if self.max_ngram is None else LookupDrafter(self.max_ngram)
+    NAME, EXAMPLE, DRAFTER = "lookup", 4, LookupDrafter
 
 
 def consensus(votes: list[tuple[list[int], int, int]], limit: int) -> list[int]:

@@ -8,7 +8,7 @@ from typing import Iterator
 import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
-from runtime.drafters.registry import DraftContext, max_ngram
+from runtime.drafters.arguments import MaxNgramOptions
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.verify import Verdict
 
@@ -47,20 +47,10 @@ class NgramDrafter:
 
 
 @dataclass(frozen=True)
-class NgramOptions:
-    """ngram[:MAX_NGRAM]: the longest n-gram looked up (None: NgramDrafter's default)."""
+class NgramOptions(MaxNgramOptions):
+    """ngram[:MAX_NGRAM]."""
 
-    max_ngram: int | None = None
-
-    @classmethod
-    def parse(cls, args: list[str]) -> NgramOptions:
-        return cls(max_ngram("ngram", args, 3))
-
-    def format(self) -> tuple[str, ...]:
-        return () if self.max_ngram is None else (str(self.max_ngram),)
-
-    def build(self, context: DraftContext) -> NgramDrafter:
-        return NgramDrafter() if self.max_ngram is None else NgramDrafter(self.max_ngram)
+    NAME, EXAMPLE, DRAFTER = "ngram", 3, NgramDrafter
 
 
 def find_latest(context: list[int], n: int) -> int | None:

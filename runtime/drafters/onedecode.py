@@ -17,7 +17,8 @@ import torch
 from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.drafters.base import Drafter, Proposal, empty_proposal
-from runtime.drafters.registry import DraftContext, number_text
+from runtime.drafters.arguments import number_text
+from runtime.drafters.registry import DraftContext
 from runtime.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.trees import TokenTree, build_tree
 from runtime.verify import Verdict

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from runtime.checks import is_digits
 from runtime.drafters.base import Drafter
 
 HEAD_KINDS = ("own", "screen", "none")
@@ -110,37 +109,3 @@ def build_drafter(text: str, target, head=None, artifact=None, target_info=None)
     """A drafter from its name (`drafters_help`); `head` is the drafter's own LM head, not the target's,
     so the drafter's rows do not count as the target's."""
     return parse_drafter(text).build(DraftContext(target, head, artifact, target_info))
-
-
-def positive(value: str, what: str, example: str) -> int:
-    """A positive integer argument, or a one-line error naming the fix."""
-    if not is_digits(value) or int(value) < 1:
-        raise ValueError(f"{what} takes an integer >= 1, not {value!r}; e.g. {example}")
-    return int(value)
-
-
-def max_ngram(name: str, args: list[str], example: int) -> int | None:
-    """NAME[:MAX_NGRAM]'s argument (ngram, lookup): None (the drafter's default) or one positive integer."""
-    if len(args) > 1:
-        raise ValueError(f"{name} takes at most one argument (the longest n-gram), not {':'.join(args)!r}; "
-                         f"e.g. {name}:{example}")
-    return positive(args[0], f"{name}:MAX_NGRAM", f"{name}:{example}") if args else None
-
-
-def no_arguments(name: str, args: list[str]) -> None:
-    """A one-line error unless a drafter that takes no argument got none."""
-    if args:
-        raise ValueError(f"{name} takes no argument, not {name}:{':'.join(args)}")
-
-
-def number_text(value: float) -> str:
-    """The shortest text of `value` that reads back as it: '0.25', '0', '0.1' (a canonical option value)."""
-    short = f"{value:g}"
-    return short if float(short) == value else repr(value)
-
-
-def need_artifact(context: DraftContext, name: str):
-    """The context's artifact, or a one-line error: the drafter reads stages of it."""
-    if context.artifact is None:
-        raise ValueError(f"the {name} drafter needs the artifact whose stages it reads")
-    return context.artifact

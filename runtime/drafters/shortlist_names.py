@@ -21,7 +21,8 @@ from runtime.checks import is_digits
 from runtime.drafters.dynaspec import (
     RoutedInt8Drafter, RoutedLayerDrafter, RouterStage, ShortlistInt8Drafter, ShortlistLayerDrafter,
 )
-from runtime.drafters.registry import DraftContext, need_artifact
+from runtime.drafters.arguments import need_artifact
+from runtime.drafters.registry import DraftContext
 from runtime.router import ENGINES, SCHEDULES
 
 SHORTLIST_HELP = "dynaspec:layers:N|int8[:k=K][:schedule=fixed|position][:context=0|1] or frspec:layers:N|int8:TOKENS[:context=0|1]"

@@ -21,7 +21,8 @@ import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.lookup import MAX_HISTORY_TOKENS, LookupDrafter
-from runtime.drafters.registry import DraftContext, number_text, positive
+from runtime.drafters.arguments import number_text, positive
+from runtime.drafters.registry import DraftContext
 
 INDEX_NGRAM = 4  # occurrences are found by the context's last 4 tokens (lookup's index), then compared backwards
 # Starting points, not measured optima: `runtime bench` decides.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.drafters import DrafterSpec, parse_drafter
-from runtime.drafters.registry import number_text
+from runtime.drafters.arguments import number_text
 from runtime.methods.arguments import count, loop_words, own_options
 from runtime.methods.build import target_head
 from runtime.methods.registry import MethodEntry, register_method
