@@ -34,10 +34,10 @@ from runtime.common.stats import DecodeStats
 from runtime.kernels import set_decoding_threads
 from runtime.kernels.build import usable_cores
 from runtime.loops.decode import TokenStream
-from runtime.method_builders import Method, build_method
 from runtime.methods import METHODS, MethodSpec, check_distinct, default_method, parse_method
-from runtime.session import Session, open_session
+from runtime.methods import Method, build_method
 from runtime.text.prompting import encode_prompt
+from runtime.session import Session, open_session
 from runtime.text.stopping import StopStrings
 
 # A prompt longer than this many characters per token of the model's context is refused before it is

@@ -10,7 +10,7 @@ import httpx
 
 from runtime.api import Engine, Generation
 from runtime.common.sampling import SamplingParams
-from runtime.method_builders import build_method
+from runtime.methods import build_method
 from runtime.serve.app import create_app
 from runtime.serve.scheduler import Scheduler
 from runtime.serve.server import listen, start_http

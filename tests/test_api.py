@@ -6,7 +6,6 @@ import threading
 from dataclasses import replace
 
 import pytest
-import torch
 
 from factories import tiny_engine
 from runtime import api

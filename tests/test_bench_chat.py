@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.method_builders import Method
+from runtime.methods import Method
 from runtime.bench.runner import run_bench
 from runtime.common.sampling import SamplingParams
 from runtime.common.stats import DecodeStats

@@ -19,9 +19,9 @@ from runtime.bench.perplexity import output_nll, perplexity
 from runtime.bench.report import markdown_table
 from runtime.bench.runner import run_bench, summarize
 from runtime.heads import FullHead
-from runtime.method_builders import Method
 from runtime.common.sampling import SamplingParams
 from runtime.common.stats import DecodeStats
+from runtime.methods import Method
 
 PROMPTS = ["w5 w9 w31 w5 w9", "hi w7 w8 w7 w8"]
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from factories import tiny_engine
 from runtime.bench.load import Outcome, percentile, run_level, summarize
 from runtime.cli import main
-from runtime.cli.bench_serve import concurrency_levels, load_server, server_names
+from runtime.cli.bench_serve import load_server
 from serve_factories import model_name, running
 
 PROMPTS = ["w5 w9 w31 w5 w9 w17", "w40 w41 w42", "hi w100"]

@@ -400,7 +400,7 @@ def test_bench_threads_gives_every_run_its_own_method(artifact: Path):
     from runtime.kernels import threads_restored
     from runtime import api
     from runtime.bench.contention import run_contention
-    from runtime.method_builders import build_method
+    from runtime.methods import build_method
 
     engine = api.load(artifact)
     built = []

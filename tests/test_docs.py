@@ -355,7 +355,7 @@ def is_code_name(word: str) -> bool:
 
 def name_problems(span: str) -> list[str]:
     """Why a backticked span that names code, a path of the tree or a method does not resolve ([] if it does)."""
-    from runtime.methods import METHODS, parse_method
+    from runtime.methods import ALIASES, METHODS, parse_method
 
     if re.match(r"^(artifacts|runtime|prep|recipes|tests|docs|\.ci)/[\w./-]*$", span):
         return [] if (ROOT / span).exists() else [f"`{span}`: no such path in the tree"]
@@ -366,7 +366,7 @@ def name_problems(span: str) -> list[str]:
         problem = resolve_dotted(span)
         return [f"`{span}`: {problem}"] if problem else []
     method = re.match(r"^([a-z0-9]+)(:[a-z0-9=.]+)*(\+csv(:[a-z0-9]+)?)?$", span)
-    if method and method.group(1) in METHODS and "..." not in span:
+    if method and (method.group(1) in METHODS or method.group(1) in ALIASES) and "..." not in span:
         if ":" not in span and "+" not in span:
             return []  # a method family (spec, mjsd): registered, so it exists
         try:

@@ -17,8 +17,8 @@ from prep import recipes
 from prep.traces import INDEX_FILE
 from runtime.text.data import split_of_text
 from runtime.cli import main as runtime_main
-from runtime.method_builders import build_method
 from runtime.loops.decode import generate_ar
+from runtime.methods import build_method
 from runtime.drafters.dynaspec import RoutedLayerDrafter, RouterStage
 from runtime.heads import FullHead
 from runtime.common.sampling import SamplingParams

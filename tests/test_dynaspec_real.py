@@ -12,9 +12,9 @@ from prep.router_train import RouterConfig, train_router
 from prep.stages import created_by
 from prep.traces import build_traces
 from runtime.backends.hf import TransformersTarget
-from runtime.method_builders import build_method
 from runtime.loops.decode import generate_ar
 from runtime.common.sampling import SamplingParams
+from runtime.methods import build_method
 from runtime.session import Session
 
 pytestmark = pytest.mark.real_model

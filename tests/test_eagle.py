@@ -17,7 +17,7 @@ from runtime.drafters.eagle_head import EagleConfig, feature_layers
 from runtime.heads import FullHead
 from runtime.kernels import dequantize
 from runtime.loops.decode import generate_ar
-from runtime.method_builders import build_method
+from runtime.methods import build_method
 from runtime.session import open_session
 from tests.factories import prep_ok, save_tiny_model_dir
 
@@ -210,6 +210,7 @@ def test_eagle_arguments_are_refused_in_one_line(text, fix):
 
 
 def test_eagle_arguments_have_one_spelling():
-    from runtime.drafters import parse_drafter
+    from runtime.drafters import DrafterSpec, EagleOptions, parse_drafter
 
-    assert parse_drafter("eagle:lookup:frspec=0016") == ("eagle", ("frspec=16", "lookup"))
+    assert parse_drafter("eagle:lookup:frspec=0016") == DrafterSpec("eagle", EagleOptions(frspec=16, lookup=True))
+    assert str(parse_drafter("eagle:lookup:frspec=0016")) == "eagle:frspec=16:lookup"

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.gp_basis import build_gp_basis
-from runtime.method_builders import build_method
+from runtime.methods import build_method
 from runtime.cli import main as runtime_main
 from runtime.loops.decode import generate_ar
 from runtime.drafters import build_drafter

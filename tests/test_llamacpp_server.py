@@ -42,7 +42,7 @@ def requests(tmp_path: Path) -> list[dict]:
 
 def test_llamacpp_bin_parses_and_makes_no_identity_claim():
     spec = parse_method("llamacpp:bin")
-    assert canonical(spec) == "llamacpp:bin" and spec.options == ("bin",) and not spec.distribution_preserving
+    assert canonical(spec) == "llamacpp:bin" and spec.options.binary and not spec.distribution_preserving
     for bad in ("llamacpp:bin:2", "llamacpp:binary"):
         with pytest.raises(ValueError, match="takes nothing, lookup.* or bin"):
             parse_method(bad)

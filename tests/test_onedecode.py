@@ -227,25 +227,27 @@ def test_prep_bake_onedecode(tmp_path):
 def test_parse_and_build_by_name(tmp_path):
     from types import SimpleNamespace
 
-    from runtime.drafters.onedecode import build_onedecode, parse_onedecode
+    from runtime.drafters.onedecode import OnedecodeOptions
 
-    assert parse_onedecode([]) == ("threshold=0.25", "fallback=none")
-    assert parse_onedecode(["fallback=ngram", "threshold=0.5"]) == ("threshold=0.5", "fallback=ngram")
-    assert parse_onedecode(["context=first"])[-1] == "context=first"
+    parse = OnedecodeOptions.parse
+    assert parse([]).format() == ("threshold=0.25", "fallback=none")
+    assert parse(["fallback=ngram", "threshold=0.5"]) == OnedecodeOptions(0.5, "ngram")
+    assert parse(["fallback=ngram", "threshold=0.5"]).format() == ("threshold=0.5", "fallback=ngram")
+    assert parse(["context=first"]).format()[-1] == "context=first"
     for bad, says in ((["threshold=2"], "threshold"), (["fallback=gp"], "fallback"), (["k=3"], "unknown"),
                       (["context=first", "fallback=ngram"], "drop fallback=ngram"), (["context=last"], "context")):
         with pytest.raises(ValueError, match=says):
-            parse_onedecode(bad)
+            parse(bad)
     art = Artifact.create(tmp_path / "art", make_model(), VERSION)
     tensors, params = build_table(synthetic_traces(), V, v_bake=8, top_k=4)
     art.write_stage(Stage.ONEDECODE, tensors, params)
     context = SimpleNamespace(target=None, head=None, artifact=art, target_info=None)
-    alone = build_onedecode(context, parse_onedecode(["threshold=0.1"]))
+    alone = parse(["threshold=0.1"]).build(context)
     assert isinstance(alone, OneDecodeDrafter) and alone.threshold == 0.1 and len(alone.table.single) == 8
-    both = build_onedecode(context, parse_onedecode(["context=first", "fallback=none"]))
+    both = parse(["context=first", "fallback=none"]).build(context)
     assert isinstance(both, FirstProposal) and isinstance(both.drafters[0], NgramDrafter)
     with pytest.raises(ValueError, match="bake-onedecode"):
-        build_onedecode(SimpleNamespace(target=None, head=None, artifact=None, target_info=None), parse_onedecode([]))
+        parse([]).build(SimpleNamespace(target=None, head=None, artifact=None, target_info=None))
 
 
 def test_spec_onedecode_in_generate_and_bench(tiny_model_dir, tmp_path, monkeypatch):

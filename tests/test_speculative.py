@@ -13,7 +13,7 @@ import torch
 from prep.screen import build_screen
 from runtime.loops.decode import generate_ar
 from runtime.drafters import LayerDrafter, LookupDrafter, NgramDrafter
-from runtime.methods import DrafterSpec, parse_method
+from runtime.methods import parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.drafters.base import Proposal
 from runtime.loops.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, draft_lengths,
@@ -323,16 +323,17 @@ def test_lookup_continuations_longest_match_first_newest_first_and_distinct():
 @pytest.mark.parametrize(
     "name, drafter, gamma, adaptive, head",
     [
-        ("spec:ngram", ("ngram", ()), None, False, "full"),
-        ("spec:ngram+csv", ("ngram", ()), None, False, "csv:screen"),
-        ("spec:layers:2+csv", ("layers", ("2",)), None, False, "csv:screen"),
-        ("spec:layers:2:gamma=6:adaptive+csv", ("layers", ("2",)), 6, True, "csv:screen"),
-        ("spec:ngram:3+csv:cluster", ("ngram", ("3",)), None, False, "csv:cluster"),
+        ("spec:ngram", "ngram", None, False, "full"),
+        ("spec:ngram+csv", "ngram", None, False, "csv:screen"),
+        ("spec:layers:2+csv", "layers:2", None, False, "csv:screen"),
+        ("spec:layers:2:gamma=6:adaptive+csv", "layers:2", 6, True, "csv:screen"),
+        ("spec:ngram:3+csv:cluster", "ngram:3", None, False, "csv:cluster"),
     ],
 )
 def test_bench_spec_arguments(name, drafter, gamma, adaptive, head):
     spec = parse_method(name)
-    assert (spec.drafter, spec.gamma, spec.adaptive, spec.head) == (DrafterSpec(*drafter), gamma, adaptive, head)
+    options = spec.options
+    assert (str(options.drafter), options.gamma, options.adaptive, spec.head) == (drafter, gamma, adaptive, head)
 
 
 def test_adaptive_gamma_steps_and_bounds():

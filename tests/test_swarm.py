@@ -228,7 +228,7 @@ def test_transformers_backend_refuses_tree_methods(artifact, monkeypatch) -> Non
 @pytest.mark.parametrize("name", ["swarm:int8:4", "swarm:layers:12:2:gamma=5:nodes=32", "swarm:lookup:4:nodes=12",
                                   "swarm:lookup:4:nodes=12+csv:screen4"])
 def test_real_gemma_greedy_swarm_equals_ar(gemma_session, name) -> None:
-    from runtime.method_builders import build_method
+    from runtime.methods import build_method
 
     from factories import real_texts
 

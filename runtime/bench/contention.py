@@ -21,8 +21,7 @@ from tqdm import tqdm
 
 from runtime.common.sampling import SamplingParams
 from runtime.kernels import thread_stats
-from runtime.method_builders import Method
-from runtime.method_spec import MethodSpec
+from runtime.methods import Method, MethodSpec
 
 BUSY_LOOP = "while True: pass"
 SETTLE_SECONDS = 0.5  # the busy loops start and the scheduler spreads them before the first timed run

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from artifacts.atomic import atomic_write_bytes
-from runtime.method_spec import marked
+from runtime.methods import marked
 
 COLUMNS = [
     ("method", "method", "{}"),

@@ -13,8 +13,7 @@ from tqdm import tqdm
 from runtime.bench.energy import EnergyMeter
 from runtime.common.sampling import SamplingParams
 from runtime.common.stats import DecodeStats, HeadStats, SpecStats
-from runtime.method_builders import Method
-from runtime.method_spec import preserves_distribution
+from runtime.methods import Method, preserves_distribution
 
 REFERENCE = "ar"
 

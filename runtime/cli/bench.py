@@ -15,7 +15,7 @@ from runtime.common.checks import comma_items, is_digits
 from runtime.cli import values
 from runtime.cli.group import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
 from runtime.kernels import SKINNY_MAX_ROWS, decode_threads
-from runtime.method_spec import BOUNDS
+from runtime.heads import BOUNDS
 from runtime.methods import methods_help
 
 # bench-screen's hidden states: the first SCREEN_TEXT_TOKENS tokens of each of up to SCREEN_TEXTS texts.

@@ -63,7 +63,7 @@ def bench_threads(artifact, methods, settings, load_text, prompt_source, num_pro
     from runtime.bench.contention import markdown, rows, run_contention
     from runtime.bench.provenance import provenance
     from runtime.text.data import load_prompts
-    from runtime.method_builders import build_method
+    from runtime.methods import build_method
 
     # Every check before the model loads.
     setting_list, load_list = thread_settings(settings), loads(load_text)

@@ -10,9 +10,10 @@ import click
 from runtime.cli import values
 from runtime.cli.group import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
 from runtime.kernels import decode_threads
-from runtime.method_spec import BOUNDS, NOT_PRESERVING, preserves_distribution
 from runtime.methods import DEFAULT_METHOD_HELP, MethodSpec, canonical, methods_help, parse_method
 from runtime.loops.speculative import MAX_GAMMA
+from runtime.heads import BOUNDS
+from runtime.methods import (METHODS, NOT_PRESERVING, preserves_distribution)
 
 # The old flags: thin aliases that write the method name (--method spec --drafter X --gamma G ...),
 # deprecated: each use prints the --method spelling of what it ran, and the next release removes them.
@@ -108,7 +109,6 @@ def generate(artifact, method, bound, cluster_budget, adaptive_budget, drafter, 
     runtime generate art/g270 --method spec --drafter ngram --gamma 6 --prompt "def fib(n):"   (deprecated flags)
     """
     from runtime import api
-    from runtime.methods import METHODS
     from runtime.text.prompting import TextStream
 
     # Every cheap check before the model loads.

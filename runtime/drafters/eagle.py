@@ -15,6 +15,8 @@ rows the target chose most often in training (FR-Spec's shortlist on the head).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -23,7 +25,9 @@ from gguf.quants import quantize
 
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
+from runtime.checks import is_digits
 from runtime.drafters.lookup import LookupDrafter
+from runtime.drafters.registry import DraftContext
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 
@@ -191,38 +195,46 @@ class EagleDrafter:
 EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096 or eagle:lookup"
 
 
-def parse_eagle(args: list[str]) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class EagleOptions:
     """eagle[:frspec=N][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen draft-vocabulary rows;
     lookup drafts by prompt lookup first. Canonical order: frspec, then lookup."""
-    frspec, lookup = None, False
-    for arg in args:
-        option, _, value = arg.partition("=")
-        if option == "frspec" and frspec is None and value.isdigit() and int(value) >= 1:
-            frspec = f"frspec={int(value)}"
-        elif arg == "lookup" and not lookup:
-            lookup = True
-        else:
-            raise ValueError(f"eagle takes frspec=N (N >= 1) and lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
-    return tuple(a for a in (frspec, "lookup" if lookup else None) if a)
 
+    frspec: int | None = None
+    lookup: bool = False
 
-def build_eagle(target, artifact, args: tuple[str, ...]) -> EagleDrafter:
-    """The eagle drafter over the artifact's stage `drafter` (trained by prep train-drafter)."""
-    from artifacts.format import Stage
+    @classmethod
+    def parse(cls, args: list[str]) -> EagleOptions:
+        frspec, lookup = None, False
+        for arg in args:
+            option, _, value = arg.partition("=")
+            if option == "frspec" and frspec is None and is_digits(value) and int(value) >= 1:
+                frspec = int(value)
+            elif arg == "lookup" and not lookup:
+                lookup = True
+            else:
+                raise ValueError(f"eagle takes frspec=N (N >= 1) and lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
+        return cls(frspec, lookup)
 
-    if artifact is None or not artifact.has_stage(Stage.DRAFTER):
-        where = artifact.path if artifact is not None else "ART"
-        raise ValueError(f"the eagle drafter needs stage drafter; run: prep train-drafter {where} --features FEATURES")
-    if not hasattr(target, "decoder"):
-        raise ValueError("the eagle drafter reads the target's layers on the native or lean backend; use --backend native")
-    tensors = artifact.read_stage(Stage.DRAFTER)
-    head = head_from_stage(tensors, EagleConfig.from_params(artifact.stage_params(Stage.DRAFTER)))
-    shortlist = None
-    for arg in args:
-        if arg.startswith("frspec="):
-            size = int(arg.removeprefix("frspec="))
-            if size > head.config.draft_vocab:
-                raise ValueError(f"eagle:frspec={size} exceeds the head's draft vocabulary of {head.config.draft_vocab}; "
+    def format(self) -> tuple[str, ...]:
+        return (f"frspec={self.frspec}",) * (self.frspec is not None) + ("lookup",) * self.lookup
+
+    def build(self, context: DraftContext) -> EagleDrafter:
+        """The eagle drafter over the artifact's stage `drafter` (trained by prep train-drafter)."""
+        from artifacts.format import Stage
+
+        target, artifact = context.target, context.artifact
+        if artifact is None or not artifact.has_stage(Stage.DRAFTER):
+            where = artifact.path if artifact is not None else "ART"
+            raise ValueError(f"the eagle drafter needs stage drafter; run: prep train-drafter {where} --features FEATURES")
+        if not hasattr(target, "decoder"):
+            raise ValueError("the eagle drafter reads the target's layers on the native or lean backend; use --backend native")
+        tensors = artifact.read_stage(Stage.DRAFTER)
+        head = head_from_stage(tensors, EagleConfig.from_params(artifact.stage_params(Stage.DRAFTER)))
+        shortlist = None
+        if self.frspec is not None:
+            if self.frspec > head.config.draft_vocab:
+                raise ValueError(f"eagle:frspec={self.frspec} exceeds the head's draft vocabulary of {head.config.draft_vocab}; "
                                  f"give N <= {head.config.draft_vocab}")
-            shortlist = tensors["draft_order"][:size].sort().values  # FR-Spec: the most chosen rows
-    return EagleDrafter(target, head, shortlist, LookupDrafter() if "lookup" in args else None)
+            shortlist = tensors["draft_order"][:self.frspec].sort().values  # FR-Spec: the most chosen rows
+        return EagleDrafter(target, head, shortlist, LookupDrafter() if self.lookup else None)

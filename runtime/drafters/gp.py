@@ -20,6 +20,8 @@ from runtime.backends.layers import Projection
 from runtime.backends.target import DecoderTarget
 from runtime.common.checks import is_digits
 from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.arguments import need_artifact
+from runtime.drafters.registry import DraftContext
 
 # Linears that read the same input, by their path inside a decoder layer (llama, qwen2, gemma3).
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -41,13 +43,6 @@ def basis_key(kind: str, layer: int, group: str) -> str:
 def group_linears(layer: torch.nn.Module, group: str) -> list[torch.nn.Linear]:
     """The nn.Linear modules of one group in a decoder layer."""
     return [layer.get_submodule(path) for path in GROUPS[group]]
-
-
-def parse_gp(args: list[str]) -> tuple[int, str]:
-    """['RANK'] or ['RANK', 'act'|'weights'] (a spec after 'gp:') -> (rank, stage kind)."""
-    if not args or not is_digits(args[0]) or int(args[0]) < 1 or len(args) > 2 or (len(args) == 2 and args[1] not in KINDS):
-        raise ValueError(f"bad GP drafter 'gp:{':'.join(args)}'; use {GP_HELP}, e.g. gp:256 or gp:256:act")
-    return int(args[0]), KINDS[args[1] if len(args) == 2 else "weights"]
 
 
 @dataclass
@@ -115,3 +110,24 @@ class GPDrafter(BackendDrafter):
         if not isinstance(target, DecoderTarget):
             raise ValueError("the GP drafter runs on the lean or native backend; use --backend auto, lean or native")
         super().__init__(low_rank_copy(target, stage.bases(rank, kind)), head)
+
+
+@dataclass(frozen=True)
+class GPOptions:
+    """gp:RANK[:act]: the rank of every basis, and which bases (KINDS: weights, or act for the activation-aware ones)."""
+
+    rank: int
+    basis: str = "weights"
+
+    @classmethod
+    def parse(cls, args: list[str]) -> GPOptions:
+        if not args or not is_digits(args[0]) or int(args[0]) < 1 or len(args) > 2 or (len(args) == 2 and args[1] not in KINDS):
+            raise ValueError(f"bad GP drafter 'gp:{':'.join(args)}'; use {GP_HELP}, e.g. gp:256 or gp:256:act")
+        return cls(int(args[0]), *args[1:])
+
+    def format(self) -> tuple[str, ...]:
+        return (str(self.rank),) + ((self.basis,) if self.basis != "weights" else ())
+
+    def build(self, context: DraftContext) -> GPDrafter:
+        stage = GPStage.load(need_artifact(context, "gp"))
+        return GPDrafter(context.target, stage, self.rank, KINDS[self.basis], context.head)

@@ -11,6 +11,7 @@ the target's, whatever the drafter proposes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -18,6 +19,8 @@ import torch
 from runtime.backends.target import DecoderTarget
 from runtime.common.numerics import quantize_rows_int8
 from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.arguments import no_arguments
+from runtime.drafters.registry import DraftContext
 from runtime.kernels import SKINNY_MAX_ROWS, screen_gemv
 
 
@@ -60,3 +63,19 @@ class Int8Drafter(BackendDrafter):
         if not isinstance(target, DecoderTarget):
             raise ValueError("the int8 drafter runs on the lean or native backend; use --backend auto, lean or native")
         super().__init__(int8_copy(target), head)
+
+
+@dataclass(frozen=True)
+class Int8Options:
+    """int8 takes no argument."""
+
+    @classmethod
+    def parse(cls, args: list[str]) -> Int8Options:
+        no_arguments("int8", args)
+        return cls()
+
+    def format(self) -> tuple[str, ...]:
+        return ()
+
+    def build(self, context: DraftContext) -> Int8Drafter:
+        return Int8Drafter(context.target, context.head)

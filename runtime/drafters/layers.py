@@ -8,11 +8,15 @@ a token tree (swarm:DRAFTER:K).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, sample_from, select_allowed, warp
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.trees import TokenTree, build_tree
+from runtime.drafters.arguments import positive
+from runtime.drafters.registry import DraftContext
 
 
 class BackendDrafter:
@@ -132,3 +136,20 @@ class SlotTrees:
 
     def observe(self, verdict: Verdict) -> None:
         """Nothing to do: the next tree's sync keeps the cached chain's longest prefix of the context."""
+@dataclass(frozen=True)
+class LayersOptions:
+    """layers:N: draft with the target's first N layers."""
+
+    layers: int
+
+    @classmethod
+    def parse(cls, args: list[str]) -> LayersOptions:
+        if len(args) != 1:
+            raise ValueError(f"layers takes one layer count, layers:N, not layers:{':'.join(args)}; e.g. layers:6")
+        return cls(positive(args[0], "layers:N", "layers:6"))
+
+    def format(self) -> tuple[str, ...]:
+        return (str(self.layers),)
+
+    def build(self, context: DraftContext) -> LayerDrafter:
+        return LayerDrafter(context.target, self.layers, context.head)

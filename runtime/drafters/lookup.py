@@ -18,6 +18,7 @@ bench prompts; a new process starts empty. Drafts are verified like any other, s
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from fractions import Fraction
 from itertools import takewhile
 from typing import Iterator
@@ -28,6 +29,7 @@ from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.ngram import find_earlier
 from runtime.drafters.trees import TokenTree, merge_sequences
+from runtime.drafters.arguments import MaxNgramOptions
 
 MIN_HISTORY_NGRAM = 2  # a single token matches everywhere in other sequences: not worth a draft
 MAX_HISTORY_TOKENS = 1 << 16  # the session keeps (and indexes) at most this many tokens, the newest
@@ -124,6 +126,13 @@ class LookupDrafter:
     def observe(self, verdict: Verdict) -> None:
         """The verified tokens join the current sequence (what the session will remember)."""
         self._sequence.extend(int(t) for t in verdict.tokens)
+
+
+@dataclass(frozen=True)
+class LookupOptions(MaxNgramOptions):
+    """lookup[:MAX_NGRAM]."""
+
+    NAME, EXAMPLE, DRAFTER = "lookup", 4, LookupDrafter
 
 
 def consensus(votes: list[tuple[list[int], int, int]], limit: int) -> list[int]:

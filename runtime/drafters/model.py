@@ -7,10 +7,13 @@ smollm2-135m-instruct each have their own), so `model:` takes a local Hugging Fa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from artifacts.fingerprint import ModelInfo
 from runtime.drafters.layers import BackendDrafter
+from runtime.drafters.registry import DraftContext
 from runtime.heads import FullHead
 
 
@@ -62,3 +65,25 @@ def load_model_drafter(spec: str, target: ModelInfo, vocab_size: int, progress: 
     check_same_tokenizer(loaded.info, target)
     kind = "lean" if loaded.config.model_type in SUPPORTED_TYPES else "transformers"
     return ModelDrafter(make_target(kind, config=loaded.config, eos_token_ids=set(), model=loaded.model), vocab_size)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """model:NAME|PATH: a packaged name, a Hugging Face directory or a .gguf file (':' may appear in a path)."""
+
+    path: str
+
+    @classmethod
+    def parse(cls, args: list[str]) -> ModelOptions:
+        path = ":".join(args)
+        if not path:
+            raise ValueError("model: needs a model, e.g. model:path/to/smaller-model or model:file.gguf")
+        return cls(path)
+
+    def format(self) -> tuple[str, ...]:
+        return (self.path,)
+
+    def build(self, context: DraftContext) -> ModelDrafter:
+        if context.target_info is None:
+            raise ValueError("model:NAME|PATH needs the target's ModelInfo to check the drafter's tokenizer")
+        return load_model_drafter(self.path, context.target_info, context.target.vocab_size)

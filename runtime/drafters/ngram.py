@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
+from runtime.drafters.arguments import MaxNgramOptions
 
 
 class NgramDrafter:
@@ -41,6 +43,13 @@ class NgramDrafter:
 
     def observe(self, verdict: Verdict) -> None:
         """Nothing to learn: the appended tokens reach the next proposal through the context."""
+
+
+@dataclass(frozen=True)
+class NgramOptions(MaxNgramOptions):
+    """ngram[:MAX_NGRAM]."""
+
+    NAME, EXAMPLE, DRAFTER = "ngram", 3, NgramDrafter
 
 
 def find_latest(context: list[int], n: int) -> int | None:

@@ -20,6 +20,8 @@ from artifacts.format import Stage
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Drafter, Proposal, Verdict, empty_proposal
 from runtime.drafters.trees import TokenTree, build_tree
+from runtime.drafters.arguments import number_text
+from runtime.drafters.registry import DraftContext
 
 # Tensor names of stage `onedecode`; LEVELS[0] is keyed by the last token, LEVELS[1] by the last two.
 # <level>.keys [n] (single) or [n, 2] (pair) int64, sorted; <level>.tokens [n, K] int64, best
@@ -197,49 +199,58 @@ ONEDECODE_HELP = ("onedecode[:threshold=T][:fallback=ngram|int8|none][:context=f
 FALLBACKS = ("none", "ngram", "int8")
 
 
-def parse_onedecode(args: list[str]) -> tuple[str, ...]:
-    """Arguments after 'onedecode' -> canonical ('threshold=T', 'fallback=F'[, 'context=first'])."""
-    options = {"threshold": str(DEFAULT_THRESHOLD), "fallback": "none"}
-    for arg in args:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in ("threshold", "fallback", "context"):
-            raise ValueError(f"unknown onedecode option {arg!r}; use {ONEDECODE_HELP}")
-        options[key] = value
-    try:
-        threshold = float(options["threshold"])
-    except ValueError:
-        threshold = -1.0
-    if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"onedecode's threshold is a confidence in [0, 1], not {options['threshold']!r}; e.g. threshold=0.3")
-    if options["fallback"] not in FALLBACKS:
-        raise ValueError(f"onedecode's fallback is one of {', '.join(FALLBACKS)}, not {options['fallback']!r}")
-    if options.get("context", "first") != "first":
-        raise ValueError(f"onedecode's context option takes only 'first', not {options['context']!r}")
-    if "context" in options and options["fallback"] == "ngram":
-        raise ValueError("context=first already asks the n-gram drafter (before the table); drop fallback=ngram")
-    canonical = (f"threshold={threshold:g}", f"fallback={options['fallback']}")
-    return canonical + (("context=first",) if "context" in options else ())
+@dataclass(frozen=True)
+class OnedecodeOptions:
+    """onedecode[:threshold=T][:fallback=ngram|int8|none][:context=first]: the table's confidence
+    threshold, the drafter asked after a miss, and whether the context's n-grams go first."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    fallback: str = "none"
+    context_first: bool = False
+
+    @classmethod
+    def parse(cls, args: list[str]) -> OnedecodeOptions:
+        options = {"threshold": str(DEFAULT_THRESHOLD), "fallback": "none"}
+        for arg in args:
+            key, eq, value = arg.partition("=")
+            if not eq or key not in ("threshold", "fallback", "context"):
+                raise ValueError(f"unknown onedecode option {arg!r}; use {ONEDECODE_HELP}")
+            options[key] = value
+        try:
+            threshold = float(options["threshold"])
+        except ValueError:
+            threshold = -1.0
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"onedecode's threshold is a confidence in [0, 1], not {options['threshold']!r}; e.g. threshold=0.3")
+        if options["fallback"] not in FALLBACKS:
+            raise ValueError(f"onedecode's fallback is one of {', '.join(FALLBACKS)}, not {options['fallback']!r}")
+        if options.get("context", "first") != "first":
+            raise ValueError(f"onedecode's context option takes only 'first', not {options['context']!r}")
+        if "context" in options and options["fallback"] == "ngram":
+            raise ValueError("context=first already asks the n-gram drafter (before the table); drop fallback=ngram")
+        return cls(threshold, options["fallback"], "context" in options)
+
+    def format(self) -> tuple[str, ...]:
+        words = (f"threshold={number_text(self.threshold)}", f"fallback={self.fallback}")
+        return words + (("context=first",) if self.context_first else ())
+
+    def build(self, context: DraftContext) -> Drafter:
+        from runtime.drafters.ngram import NgramDrafter
+
+        if context.artifact is None:
+            raise ValueError("the onedecode drafter needs the artifact whose stage onedecode holds the table; "
+                             "run: prep bake-onedecode ART --traces TR")
+        drafters: list[Drafter] = [OneDecodeDrafter(OneDecodeTable.load(context.artifact), self.threshold)]
+        if self.context_first:
+            drafters.insert(0, NgramDrafter())
+        if self.fallback == "ngram":
+            drafters.append(NgramDrafter())
+        elif self.fallback == "int8":
+            drafters.append(_int8_fallback(context))
+        return drafters[0] if len(drafters) == 1 else FirstProposal(drafters)
 
 
-def build_onedecode(context, args: tuple[str, ...]) -> Drafter:
-    """The drafter for parsed arguments; context: runtime.drafters.DraftContext (target, artifact)."""
-    from runtime.drafters.ngram import NgramDrafter
-
-    options = dict(arg.split("=") for arg in args)
-    if context.artifact is None:
-        raise ValueError("the onedecode drafter needs the artifact whose stage onedecode holds the table; "
-                         "run: prep bake-onedecode ART --traces TR")
-    drafters: list[Drafter] = [OneDecodeDrafter(OneDecodeTable.load(context.artifact), float(options["threshold"]))]
-    if options.get("context") == "first":
-        drafters.insert(0, NgramDrafter())
-    if options["fallback"] == "ngram":
-        drafters.append(NgramDrafter())
-    elif options["fallback"] == "int8":
-        drafters.append(_int8_fallback(context))
-    return drafters[0] if len(drafters) == 1 else FirstProposal(drafters)
-
-
-def _int8_fallback(context) -> Drafter:
+def _int8_fallback(context: DraftContext) -> Drafter:
     """The int8 self-drafter with the int8 screening head of the artifact's `screen` stage."""
     from runtime.drafters.int8 import Int8Drafter
     from runtime.heads.screen_bound import ScreenBound

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from runtime.api import Engine, Plan
 from runtime.common.sampling import MAX_SEED, SamplingParams
 from runtime.serve.protocol import APIError, ChatRequest, CompletionRequest, Sampled, Shape
-from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started, check_servable
+from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, check_servable
 
 MAX_BODY_BYTES = 4 << 20  # a larger request body is refused (413) before it is parsed
 TYPE_TAGS = {"int", "float", "str", "bool"}  # pydantic's names of a union's members in an error's location

@@ -34,8 +34,7 @@ from typing import Callable
 
 from runtime.api import Engine, Plan
 from runtime.backends.target import DecoderTarget
-from runtime.method_builders import build_method
-from runtime.methods import METHODS, MethodSpec
+from runtime.methods import METHODS, MethodSpec, build_method
 from runtime.serve.metrics import Metrics
 from runtime.heads.rowwise import RowCall, posting, run_calls
 from runtime.serve.batch import Forward, ScheduledTarget, fusable, run_step

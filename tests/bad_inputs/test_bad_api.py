@@ -15,8 +15,8 @@ from factories import tiny_engine
 from runtime import api
 from runtime.kernels import decode_threads, threads_restored
 from runtime.kernels.build import usable_cores
-from runtime.method_builders import build_method
 from runtime.common.sampling import SamplingParams
+from runtime.methods import build_method
 
 PROMPT = "w5 w9 w31 w5 w9"
 
