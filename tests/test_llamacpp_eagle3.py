@@ -1,0 +1,99 @@
+"""llama.cpp's own EAGLE-3 path on our exported head (smollm2-135m): its converter converts `prep export-drafter`'s
+folder and llama-server drafts with the result.
+
+Optional: skipped unless SPECVOCAB_LLAMACPP_SRC names a llama.cpp source tree (convert_hf_to_gguf.py, gguf-py, and
+the converter's own requirements importable here) and SPECVOCAB_LLAMACPP_BIN a build with llama-server
+(docs/llamacpp-reference.md). CI builds no llama.cpp, so it skips there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from factories import in_user_cache, prep_ok
+from runtime.llamacpp_server import BIN_ENV, LlamaServerDecoder, find_server
+
+SRC_ENV = "SPECVOCAB_LLAMACPP_SRC"
+MODEL = "smollm2-135m-instruct"
+DRAFT_VOCAB = 1024
+DRAFTS = 4  # tokens llama-server drafts a round
+NEW_TOKENS = 32
+PROMPT = "def fibonacci(n):\n"
+TEXTS = ["def add(a, b):\n    return a + b\n", "The capital of France is Paris, and the capital of Italy is Rome.",
+         "import os\n\nfor name in os.listdir('.'):\n    print(name)\n", "Water boils at one hundred degrees Celsius."] * 4
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(not (os.environ.get(SRC_ENV) and os.environ.get(BIN_ENV)),
+                       reason=f"no llama.cpp named by {SRC_ENV} (source) and {BIN_ENV} (build); docs/llamacpp-reference.md"),
+]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A smollm2 head trained briefly by prep, exported, and converted by llama.cpp's convert_hf_to_gguf.py."""
+    from runtime.models.resolve import resolve_model
+
+    root = tmp_path_factory.mktemp("eagle3")
+    corpus = root / "corpus.json"
+    corpus.write_text(json.dumps([{"text": text} for text in TEXTS]))
+    art, features, head = root / "art", root / "features", root / "head"
+    with in_user_cache():
+        target = resolve_model(MODEL, progress=False)
+        prep_ok(["cluster", MODEL, "-o", art, "--clusters", 8])
+        prep_ok(["traces", MODEL, "--corpus", corpus, "-o", features, "--drafter-layers", 0, "--features"])
+        prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", DRAFT_VOCAB, "--epochs", 1,
+                 "--devices", 1, "--accelerator", "cpu"])
+        prep_ok(["export-drafter", art, "-o", head])
+    source = Path(os.environ[SRC_ENV])
+    out = root / "head.gguf"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(head), "--target-model-dir",
+                           str(target.path), "--outtype", "f16", "--outfile", str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return art, target, out
+
+
+def test_the_converter_reads_our_layer_ids_and_draft_vocabulary(converted):
+    """The GGUF is an eagle3 model reading the layers the head was trained on, with d2t as absolute target ids."""
+    from gguf import GGUFReader
+
+    from artifacts import Artifact
+
+    art, _, out = converted
+    artifact = Artifact.open(art)
+    params, stage = artifact.stage_params("drafter"), artifact.read_stage("drafter")
+    reader = GGUFReader(out)
+    assert reader.fields["general.architecture"].contents() == "eagle3"
+    assert reader.fields["eagle3.target_layers"].contents() == params["feature_layers"]
+    d2t = torch.from_numpy(next(t for t in reader.tensors if t.name == "d2t").data.copy())
+    assert torch.equal(d2t, torch.nonzero(stage["t2d"]).view(-1))
+    assert d2t.numel() == DRAFT_VOCAB
+
+
+def test_llama_server_drafts_with_the_converted_head(converted, tmp_path: Path):
+    """llama-server --spec-type draft-eagle3 decodes greedily with the head, drafting DRAFTS tokens a round."""
+    _, target, out = converted
+    wrapper = tmp_path / "llama-server"  # the plain server plus the head, as the bench's llamacpp:bin row runs it
+    wrapper.write_text(f"#!/bin/sh\nexec {find_server()} \"$@\" -md {out} --spec-type draft-eagle3 "
+                       f"--spec-draft-n-max {DRAFTS} -td 1 -tbd 1\n")
+    wrapper.chmod(0o755)
+    decoder = LlamaServerDecoder(target.gguf_path, frozenset(), threads=1, binary=wrapper)
+    body = {"prompt": PROMPT, "n_predict": NEW_TOKENS, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+            "return_tokens": True}
+    request = urllib.request.Request(f"{decoder.url}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        answer = json.load(reply)
+    assert len(answer["tokens"]) == NEW_TOKENS
+    timings = answer["timings"]  # the server counts what its draft-eagle3 speculator proposed and what was kept
+    assert timings["draft_n"] >= DRAFTS and 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
