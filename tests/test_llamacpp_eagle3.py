@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from factories import in_user_cache, prep_ok
-from runtime.llamacpp_server import BIN_ENV, LlamaServerDecoder, find_server
+from runtime.llamacpp.server import BIN_ENV, LlamaServerDecoder, find_server
 
 SRC_ENV = "SPECVOCAB_LLAMACPP_SRC"
 MODEL = "smollm2-135m-instruct"

@@ -25,7 +25,7 @@ from gguf.quants import quantize
 
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
-from runtime.checks import is_digits
+from runtime.common.checks import is_digits
 from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.registry import DraftContext
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
