@@ -41,11 +41,11 @@ class ScreenRecipe:
 class Screen4Recipe:
     """[screen4]: the 4-bit screening head with a low-rank correction (prep.screen4)."""
 
-    # basis directions of the hidden states whose share of the error is stored (qwen2.5-coder, held-out
-    # ShareGPT: 9.4 % of the vocabulary recomputed at rank 0, 1.9 % at 16, 1.3 % at 32)
+    # basis directions of the hidden states whose share of the error is stored: a higher rank leaves less
+    # of the vocabulary to recompute (docs/certified-head.md)
     rank: int = 32
-    # columns per float16 scale and minimum, 32 or 64 (qwen2.5-coder, 1 thread: 5.5 ms a row at 64 against
-    # 6.0 at 32; one float scaling per 64 columns, 0.56 bytes per weight)
+    # columns per float16 scale and minimum, 32 or 64: 64 screens faster, one float scaling per 64 columns
+    # at 0.56 bytes per weight (docs/certified-head.md)
     group: int = 64
     texts: int = 48  # ShareGPT train-split conversations (<= 256 tokens each) the basis comes from
     # whether `prep all` builds it: false where +csv:screen4 loses to +csv, so that `runtime generate`'s

@@ -9,8 +9,8 @@ from runtime.common.numerics import quantize_groups_int8, round_up_to_float32
 
 # Group sizes measured for every model; the kernel handles any multiple of 16 dividing d.
 CANDIDATE_GROUPS = (0, 64, 32)  # 0 = one scale per row
-# Per-row scales screen fastest (9.7 ms vs 11.3 ms for groups of 32 on gemma3-270m, 2 cores), and a
-# per-row error of a few percent of the row norm still leaves only a handful of candidates to
+# Per-row scales screen fastest (one scale per row to apply; docs/certified-head.md has the timing), and
+# a per-row error of a few percent of the row norm still leaves only a handful of candidates to
 # recompute. A grouped layout is chosen only when per-row error is large and grouping halves it.
 MAX_PER_ROW_RELATIVE_ERROR = 0.05
 GROUPED_ERROR_GAIN = 2.0
