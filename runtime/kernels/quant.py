@@ -107,7 +107,7 @@ def to_lanes(w: QuantMatrix) -> QuantMatrix:
         raise ValueError(f"to_lanes repacks {', '.join(t.name for t in LANES_TYPES)} matrices, not {type_name(w.ggml_type)}")
     kind = LANES_TYPES[T(w.ggml_type)]
     _, ext = active()
-    if ext is not None:  # the compiled pack (lanes_pack.h): the torch one's bytes, ~20x faster
+    if ext is not None:  # the compiled pack (lanes_pack.h): the torch one's bytes, much faster
         return QuantMatrix(ext.pack_lanes(w.data, int(w.ggml_type), w.cols), kind, w.rows, w.cols)
     data = torch.empty(w.rows, lanes.row_bytes(kind, w.cols), dtype=torch.uint8)
     for start in range(0, w.rows, _PACK_ROWS):  # a few rows at a time: small temporaries, which the heap gives back
