@@ -34,8 +34,7 @@ from runtime.common.stats import DecodeStats
 from runtime.kernels import set_decoding_threads
 from runtime.kernels.build import usable_cores
 from runtime.loops.decode import TokenStream
-from runtime.methods import METHODS, MethodSpec, check_distinct, default_method, parse_method
-from runtime.methods import Method, build_method
+from runtime.methods import METHODS, Method, MethodSpec, build_method, check_distinct, default_method, parse_method
 from runtime.text.prompting import encode_prompt
 from runtime.session import Session, open_session
 from runtime.text.stopping import StopStrings
@@ -179,7 +178,7 @@ class Engine:
         program (llama.cpp) as it is, since it keeps no session of ours."""
         if METHODS[method.spec.name].bench_only:
             return method
-        return replace(build_method(self.session, method.spec), name=method.name)
+        return build_method(self.session, method.spec)  # named str(spec), as Engine.method names it
 
     def default_method(self) -> MethodSpec:
         """The method generate runs when none is named: the fastest exact one this artifact and CPU
