@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Hashable
 
 from artifacts import Artifact
 from artifacts.format import Stage
@@ -27,6 +28,7 @@ class Session:
     _screen_bound: ScreenBound | None = field(default=None, repr=False)
     _screen4_bound: Screen4Bound | None = field(default=None, repr=False)
     _other_targets: dict = field(default_factory=dict, repr=False)  # backend name -> TargetModel
+    _built: dict = field(default_factory=dict, repr=False)  # Session.once's objects, by key
 
     @property
     def tokenizer(self):
@@ -43,6 +45,13 @@ class Session:
         if backend not in self._other_targets:
             self._other_targets[backend] = reload_target(self.model, backend, self.target.eos_token_ids)
         return self._other_targets[backend]
+
+    def once(self, key: Hashable, make: Callable[[], object]) -> object:
+        """make(), called once per session under `key`: what drafters build at load and never change
+        (the eagle head's requantized weights), shared by every method built over the session."""
+        if key not in self._built:
+            self._built[key] = make()
+        return self._built[key]
 
     def full_head(self) -> FullHead:
         return FullHead(self.target.head_weight, self.target.head_bias)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from prep.cli import main as prep_main
 from runtime.common.sampling import SamplingParams
-from runtime.drafters.eagle import EagleDrafter, KernelHead, head_from_stage, q8_0
+from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, feature_layers
 from runtime.heads import FullHead
 from runtime.kernels import dequantize
@@ -79,7 +79,7 @@ def test_kernel_head_matches_the_training_module(trained):
     features, embeds = torch.randn(5, 3 * d, generator=gen) * 3, torch.randn(6, d, generator=gen)
     with torch.no_grad():
         reference = head.unrolled(features, embeds, 2)  # step 0 rows 0..4; step 1 row t reads row t's step-0 output
-    runner = KernelHead(head)
+    runner = KernelHead(KernelWeights.of(head))
     out = runner.step(embeds[:5], runner.fuse(features))
     torch.testing.assert_close(out, reference[0], atol=1e-4, rtol=1e-4)
     second = runner.step(embeds[5:6], out[-1:])  # row 4's second step, after all of step 0's rows
@@ -102,6 +102,18 @@ def test_eagle_greedy_equals_plain_decoding(trained, method):
     assert drafted > 0
 
 
+def test_a_session_requantizes_the_head_once_per_shortlist(trained, monkeypatch):
+    """Methods built over one session (a server's requests) share the head's Q8_0 weights: one
+    requantization per FR-Spec shortlist, none for a method built again."""
+    session = open_session(trained[0].artifact.path, backend="lean", progress=False)
+    made = []
+    original = KernelWeights.of
+    monkeypatch.setattr(KernelWeights, "of", lambda head, shortlist=None: made.append(shortlist) or original(head, shortlist))
+    for method in ["spec:eagle", "spec:eagle", "spec:eagle:lookup", "spec:eagle:frspec=16", "spec:eagle:frspec=16+csv"]:
+        build_method(session, method)
+    assert [None if rows is None else rows.numel() for rows in made] == [None, 16]
+
+
 def q8_module(art) -> "EagleHead":
     """The stage's head with every Linear weight replaced by its Q8_0 values (what KernelHead reads)."""
     head = head_from_stage(art.read_stage("drafter"), EagleConfig.from_params(art.stage_params("drafter")))
@@ -117,7 +129,7 @@ def test_drafts_are_the_training_modules_chain_on_the_targets_features(trained):
     (row t reads the features at t and the token t + 1; each draft feeds the next step)."""
     session, _, _ = trained
     head = q8_module(session.artifact)
-    drafter = EagleDrafter(session.target, head)
+    drafter = EagleDrafter(session.target, KernelWeights.of(head))
     context = [2] + [random.Random(5).randrange(2, 40) for _ in range(14)]
     cache = session.target.new_cache()
     drafter.follow(cache)

@@ -72,21 +72,45 @@ def q8_0(weight: torch.Tensor) -> QuantMatrix:
     return QuantMatrix.from_numpy(np.ascontiguousarray(blocks), GGMLQuantizationType.Q8_0, rows, cols)
 
 
-class KernelHead:
-    """An EagleHead's forward on the native kernels, over a one-layer KV cache of its own."""
+@dataclass(frozen=True)
+class KernelWeights:
+    """An EagleHead's weights as the native kernels read them: every matrix requantized to Q8_0 once.
 
-    def __init__(self, head: EagleHead, shortlist: torch.Tensor | None = None) -> None:
-        c = self.config = head.config
-        self.fc = q8_0(head.fc.weight)
-        self.qkv = [q8_0(head.q_proj.weight), q8_0(head.k_proj.weight), q8_0(head.v_proj.weight)]
-        self.o = q8_0(head.o_proj.weight)
-        self.gate_up = [q8_0(head.gate_proj.weight), q8_0(head.up_proj.weight)]
-        self.down = q8_0(head.down_proj.weight)
-        rows = torch.arange(c.draft_vocab) if shortlist is None else shortlist  # draft-vocabulary rows kept
-        self.lm_head = q8_0(head.lm_head.weight[rows])
-        self.token_ids = head.draft_ids()[rows]  # [rows]: the target id of each kept row
-        self.norms = {name: getattr(head, name).detach().float().clone()
-                      for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")}
+    Built once per session (DraftContext.once) and shared by every drafter over it: requantizing
+    takes ~0.4 s, which a server would otherwise pay on each request.
+    """
+
+    config: EagleConfig
+    fc: QuantMatrix
+    qkv: list[QuantMatrix]
+    o: QuantMatrix
+    gate_up: list[QuantMatrix]
+    down: QuantMatrix
+    lm_head: QuantMatrix  # the kept draft-vocabulary rows
+    token_ids: torch.Tensor  # [rows]: the target id of each kept row
+    norms: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, head: EagleHead, shortlist: torch.Tensor | None = None) -> KernelWeights:
+        """head's weights, its LM head cut to the draft-vocabulary rows `shortlist` (None: all)."""
+        rows = torch.arange(head.config.draft_vocab) if shortlist is None else shortlist
+        return cls(
+            head.config, q8_0(head.fc.weight), [q8_0(head.q_proj.weight), q8_0(head.k_proj.weight), q8_0(head.v_proj.weight)],
+            q8_0(head.o_proj.weight), [q8_0(head.gate_proj.weight), q8_0(head.up_proj.weight)], q8_0(head.down_proj.weight),
+            q8_0(head.lm_head.weight[rows]), head.draft_ids()[rows],
+            {name: getattr(head, name).detach().float().clone()
+             for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")},
+        )
+
+
+class KernelHead:
+    """An EagleHead's forward on the native kernels (its KernelWeights), over a one-layer KV cache of its own."""
+
+    def __init__(self, weights: KernelWeights) -> None:
+        self.weights = w = weights
+        c = self.config = w.config
+        self.fc, self.qkv, self.o, self.gate_up, self.down = w.fc, w.qkv, w.o, w.gate_up, w.down
+        self.lm_head, self.token_ids, self.norms = w.lm_head, w.token_ids, w.norms
         self.keys = torch.zeros(c.kv_heads, CACHE_CAPACITY, c.head_dim)
         self.values = torch.zeros_like(self.keys)
         self.length = 0
@@ -141,12 +165,11 @@ class KernelHead:
 class EagleDrafter:
     """Drafts a chain per round from the target's tapped features (runtime.backends.base.KVCache.tap)."""
 
-    def __init__(self, target, head: EagleHead, shortlist: torch.Tensor | None = None,
-                 lookup: LookupDrafter | None = None) -> None:
+    def __init__(self, target, weights: KernelWeights, lookup: LookupDrafter | None = None) -> None:
         self.target = target
-        self.head = KernelHead(head, shortlist)
+        self.head = KernelHead(weights)
         self.lookup = lookup  # drafts first where it finds a match
-        self.layers = head.config.feature_layers
+        self.layers = weights.config.feature_layers
         self.cache = None  # the target's KV cache, whose taps hold the features
         self.fed = 0  # verified positions the head's cache holds (its rows 0..fed-1)
         self.out: torch.Tensor | None = None  # the head's output at row fed - 1 [1, d]
@@ -229,12 +252,17 @@ class EagleOptions:
             raise ValueError(f"the eagle drafter needs stage drafter; run: prep train-drafter {where} --features FEATURES")
         if not hasattr(target, "decoder"):
             raise ValueError("the eagle drafter reads the target's layers on the native or lean backend; use --backend native")
+        config = EagleConfig.from_params(artifact.stage_params(Stage.DRAFTER))
+        if self.frspec is not None and self.frspec > config.draft_vocab:
+            raise ValueError(f"eagle:frspec={self.frspec} exceeds the head's draft vocabulary of {config.draft_vocab}; "
+                             f"give N <= {config.draft_vocab}")
+        weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact, config))
+        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None)
+
+    def weights(self, artifact, config: EagleConfig) -> KernelWeights:
+        """The stage's head on the kernels, cut to FR-Spec's shortlist (the draft rows chosen most in training) if asked."""
+        from artifacts.format import Stage
+
         tensors = artifact.read_stage(Stage.DRAFTER)
-        head = head_from_stage(tensors, EagleConfig.from_params(artifact.stage_params(Stage.DRAFTER)))
-        shortlist = None
-        if self.frspec is not None:
-            if self.frspec > head.config.draft_vocab:
-                raise ValueError(f"eagle:frspec={self.frspec} exceeds the head's draft vocabulary of {head.config.draft_vocab}; "
-                                 f"give N <= {head.config.draft_vocab}")
-            shortlist = tensors["draft_order"][:self.frspec].sort().values  # FR-Spec: the most chosen rows
-        return EagleDrafter(target, head, shortlist, LookupDrafter() if self.lookup else None)
+        shortlist = None if self.frspec is None else tensors["draft_order"][: self.frspec].sort().values
+        return KernelWeights.of(head_from_stage(tensors, config), shortlist)

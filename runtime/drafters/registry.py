@@ -7,7 +7,7 @@ model, so a bad name fails before a model loads; `DrafterSpec.build` makes the D
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Hashable, Protocol
 
 from runtime.drafters.base import Drafter
 
@@ -22,6 +22,7 @@ class DraftContext:
     head: object | None  # the drafter's own LM head (DrafterEntry.head says which kind), None for "none"
     artifact: object | None = None  # the session's Artifact (stages gp, router)
     target_info: object | None = None  # the target's ModelInfo (model:NAME checks its tokenizer against it)
+    once: Callable[[Hashable, Callable[[], object]], object] = lambda key, make: make()  # Session.once: built once per session
 
 
 class DrafterOptions(Protocol):

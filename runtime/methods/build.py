@@ -64,4 +64,4 @@ def drafter_head(session: Session, spec: MethodSpec, drafter: DrafterSpec, head,
 
 def draft_context(session: Session, own_head) -> DraftContext:
     """What a drafter is built from over `session`, with the drafter's own head `own_head`."""
-    return DraftContext(session.target, own_head, session.artifact, session.model.info)
+    return DraftContext(session.target, own_head, session.artifact, session.model.info, session.once)
