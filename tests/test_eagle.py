@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from prep.cli import main as prep_main
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
-from runtime.drafters.eagle_head import EagleConfig, feature_layers
+from runtime.drafters.eagle_head import EagleConfig, EagleHead, feature_layers
 from runtime.heads import FullHead
 from runtime.kernels import dequantize
 from runtime.loops.decode import generate_ar
@@ -114,7 +114,7 @@ def test_a_session_requantizes_the_head_once_per_shortlist(trained, monkeypatch)
     assert [None if rows is None else rows.numel() for rows in made] == [None, 16]
 
 
-def q8_module(art) -> "EagleHead":
+def q8_module(art) -> EagleHead:
     """The stage's head with every Linear weight replaced by its Q8_0 values (what KernelHead reads)."""
     head = head_from_stage(art.read_stage("drafter"), EagleConfig.from_params(art.stage_params("drafter")))
     with torch.no_grad():
