@@ -8,8 +8,6 @@ from runtime.drafters import DrafterSpec, parse_drafter
 from runtime.drafters.arguments import number_text
 from runtime.drafters.beam import BeamDrafts
 from runtime.loops.mjsd import stream_mjsd
-from runtime.drafters.beam import BeamDrafts
-from runtime.loops.mjsd import stream_mjsd
 from runtime.methods.arguments import count, loop_words, own_options
 from runtime.methods.build import target_head
 from runtime.methods.registry import MethodEntry, register_method
