@@ -2,36 +2,63 @@
 
 Self-distillation data for the draft head: at run time the head drafts the target's own text, so it
 learns best from text the target wrote. Prompts are ShareGPT first turns of the train split
-(through the chat template where the model has one; bench prompts come from the held-out split) and openings of the Python
-standard library's source (code that is not HumanEval, which stays held out). Each response is
+(through the chat template where the model has one; bench prompts come from the held-out split), openings of the Python
+standard library's source, and the standard library's functions cut after their docstrings (`pyfunctions`:
+a signature and a docstring for the target to implement, the shape of a HumanEval prompt; code that is not
+HumanEval, which stays held out). Each response is
 decoded with the artifact's default method, whose greedy tokens are the target's own. The file is
 a JSON list of {"text": prompt text + response}, written atomically once every prompt is done.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
+from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write_bytes
-from prep.traces import CODE_CORPUS, stdlib_texts
+from prep.traces import CODE_CORPUS, stdlib_sources, stdlib_texts
 from runtime.text.data import sharegpt_prompts
 
 CODE_PROMPT_CHARS = 600  # a source file's opening: imports, a docstring, the first definitions
-SOURCES = ("sharegpt", CODE_CORPUS)
+FUNCTIONS_SOURCE = "pyfunctions"
+FUNCTIONS_PER_FILE = 2  # spread the prompts over the library
+MAX_IMPORT_LINES = 6
+SOURCES = ("sharegpt", CODE_CORPUS, FUNCTIONS_SOURCE)
 
 
 def training_prompts(source: str, count: int) -> list[tuple[str, bool]]:
-    """(prompt, through the chat template?) pairs: ShareGPT's train split, or the standard library's openings."""
+    """(prompt, through the chat template?) pairs: ShareGPT's train split, the standard library's openings or its functions."""
     if source == "sharegpt":
         return [(text, True) for text in sharegpt_prompts(count, split="train")]
     if source == CODE_CORPUS:
         return [(text[:CODE_PROMPT_CHARS], False) for text in islice(stdlib_texts(), count)]
+    if source == FUNCTIONS_SOURCE:
+        return [(text, False) for text in islice(function_prompts(stdlib_sources()), count)]
     raise ValueError(f"unknown prompt source {source!r}: use {' or '.join(SOURCES)}")
+
+
+def function_prompts(sources) -> Iterator[str]:
+    """HumanEval-shaped prompts from Python sources: a file's imports, then one of its top-level
+    functions up to the end of its docstring (FUNCTIONS_PER_FILE per file, in file order)."""
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        lines = source.splitlines()
+        imports = [ast.get_source_segment(source, node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        header = "\n".join(imports[:MAX_IMPORT_LINES])
+        documented = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and ast.get_docstring(node) and len(node.body) > 1]
+        for node in documented[:FUNCTIONS_PER_FILE]:
+            function = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])  # def ... through the docstring
+            yield f"{header}\n\n\n{function}\n" if header else f"{function}\n"
 
 
 def write_responses(engine, source: str, count: int, max_new_tokens: int, out: str | Path) -> int:

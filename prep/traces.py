@@ -85,14 +85,20 @@ def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
         yield from corpus_file_texts(corpus)
 
 
-def stdlib_texts() -> Iterator[str]:
-    """The standard library's .py files (sorted by path, tests left out), each cut to CODE_FILE_CHARS characters."""
+def stdlib_sources() -> Iterator[str]:
+    """The standard library's .py files, whole (sorted by path; tests, idlelib and site-packages left out)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.rglob("*.py")):
         relative = path.relative_to(root).parts
         if "site-packages" in relative or any(part in ("test", "tests", "idlelib") for part in relative):
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")[:CODE_FILE_CHARS].strip()
+        yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def stdlib_texts() -> Iterator[str]:
+    """The standard library's .py files (stdlib_sources), each cut to CODE_FILE_CHARS characters."""
+    for source in stdlib_sources():
+        text = source[:CODE_FILE_CHARS].strip()
         if text:
             yield text
 

@@ -251,8 +251,9 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
 
 @main.command("responses")
 @click.argument("artifact")
-@click.option("--source", type=click.Choice(["sharegpt", "pystdlib"]), default="sharegpt", show_default=True,
-              help="ShareGPT train-split first turns (chat template), or openings of the standard library's source.")
+@click.option("--source", type=click.Choice(["sharegpt", "pystdlib", "pyfunctions"]), default="sharegpt", show_default=True,
+              help="ShareGPT train-split first turns (chat template), openings of the standard library's source, or its "
+                   "functions cut after their docstrings (HumanEval's shape, not HumanEval).")
 @click.option("-n", "--prompts", "count", type=COUNT, default=100, show_default=True, help="How many prompts.")
 @click.option("--max-new-tokens", type=COUNT, default=128, show_default=True)
 @click.option("-o", "--out", required=True, help="JSON corpus file to write ([{\"text\": ...}]), for prep traces --corpus.")
