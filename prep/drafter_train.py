@@ -8,8 +8,11 @@ the target most often chooses (its top-1) over the training rows, FR-Spec style.
 
 Training-time test: every text is unrolled `steps` draft steps (EagleHead.unrolled); step j's loss
 weighs 0.8^j, as EAGLE-3 does. Validation reports, per step, the share of rows whose draft top-1
-is the target's top-1 (on the corpus's own tokens, so a proxy for acceptance at that position) and
-the draft vocabulary's coverage of the target's top-1.
+is the target's top-1 (`top1@j`, on the corpus's own tokens), and `chain@j`: over the rows where
+the text follows the target's top-1 (so the step's input token is what a drafted chain would feed),
+the share whose drafts 1..j+1 are all the target's top-1, which is the acceptance by position a greedy
+chain would see on such text (`runtime bench`'s figure). Also the draft vocabulary's coverage of the
+target's top-1.
 
 The head starts from the target: lm_head from the target head's rows of the draft vocabulary, the
 final norm from the target's, and fc passing the highest feature layer through, so that before any
@@ -121,13 +124,14 @@ class DrafterModule(L.LightningModule):
         self.register_buffer("t2d_index", head.t2d_index(), persistent=False)  # [V]
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))
 
-    def unrolled_losses(self, batch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per draft step: the loss and the rows whose draft top-1 is the target's top-1 (bool [T'])."""
+    def unrolled_losses(self, batch) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Per draft step: the loss, the rows whose draft top-1 is the target's top-1, and the rows whose
+        text followed the target's top-1 into that step (its input token is what a chain would feed) (bool [T'])."""
         features, ids, top_ids, top_probs = batch
         rows = ids.shape[0] - self.steps  # row t, step j reads token t + 1 + j and the target's distribution there
         embeds = self.embedding[ids[1:].long()].float()  # [T - 1, d]
         outs = self.head.unrolled(features[:rows].float(), embeds, self.steps)
-        losses, hits = [], []
+        losses, hits, follows = [], [], []
         for j, out in enumerate(outs):
             logq = torch.log_softmax(self.head.logits(out).float(), dim=-1)  # [T', Vd]
             drafted = self.t2d_index[top_ids[1 + j : 1 + j + rows].long()]  # [T', K]
@@ -138,10 +142,11 @@ class DrafterModule(L.LightningModule):
             loss = -(p * logq.gather(1, drafted.clamp_min(0))).sum(1)[kept].mean()
             losses.append(loss)
             hits.append(logq.argmax(1) == drafted[:, 0])
-        return losses, hits
+            follows.append(ids[1 + j : 1 + j + rows] == top_ids[j : j + rows, 0])  # step j's token is the target's top-1
+        return losses, hits, follows
 
     def training_step(self, batch, batch_idx):
-        losses, _ = self.unrolled_losses(batch)
+        losses, _, _ = self.unrolled_losses(batch)
         weights = [STEP_DECAY ** j for j in range(len(losses))]
         loss = sum(w * l for w, l in zip(weights, losses)) / sum(weights)
         self.log("train/loss", loss)
@@ -151,16 +156,38 @@ class DrafterModule(L.LightningModule):
         self.steps_taken += 1
 
     def validation_step(self, batch, batch_idx):
-        losses, hits = self.unrolled_losses(batch)
+        losses, hits, follows = self.unrolled_losses(batch)
         rows = hits[0].numel()
         for j, (loss, hit) in enumerate(zip(losses, hits)):
             self.log(f"val/loss@{j}", loss, batch_size=rows, reduce_fx="mean")
             self.log(f"val/top1@{j}", hit.float().mean(), batch_size=rows, reduce_fx="mean")
+        for j, (rate, counted) in enumerate(chain_acceptance(hits, follows)):
+            if counted:
+                self.log(f"val/chain@{j}", rate, batch_size=counted, reduce_fx="mean")
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.lr, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def chain_acceptance(hits: list[torch.Tensor], follows: list[torch.Tensor]) -> list[tuple[float, int]]:
+    """A greedy chain's acceptance at each draft position, and the rows it counts.
+
+    hits[j], follows[j]: bool [T'] per row, as DrafterModule.unrolled_losses gives them. Position
+    j + 1 counts the rows whose text followed the target's top-1 through step j's input (steps 1..j),
+    so that the teacher-forced steps saw what a drafted chain would have fed; of those, the share
+    whose drafts 1..j + 1 were all the target's top-1.
+    """
+    chained = torch.ones_like(hits[0])  # drafts 1..j + 1 all the target's top-1
+    fed = torch.ones_like(hits[0])  # the text followed the target through step j's input
+    rates = []
+    for j, hit in enumerate(hits):
+        chained = chained & hit
+        fed = fed & follows[j] if j else fed
+        counted = int(fed.sum())
+        rates.append((float((chained & fed).sum()) / counted if counted else 0.0, counted))
+    return rates
 
 
 def initial_head(head_weight: torch.Tensor, config: EagleConfig, draft_ids: torch.Tensor,

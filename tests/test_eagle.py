@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
+from prep.drafter_train import chain_acceptance
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, EagleHead, feature_layers
@@ -66,7 +67,19 @@ def test_training_writes_a_drafter_stage_that_reports_its_validation(trained):
     assert params["draft_vocab"] == 48 and params["steps"] == 3
     assert 0 < params["draft_vocab_coverage"] <= 1
     assert {f"val/top1@{j}" for j in range(3)} <= set(params["validation"])
-    assert "validation top-1 by step" in out
+    validation = params["validation"]
+    assert validation["val/chain@0"] == pytest.approx(validation["val/top1@0"])  # the first draft: every row counts
+    assert "validation top-1 by step" in out and "a greedy chain's acceptance by position" in out
+
+
+def test_chain_acceptance_counts_only_rows_a_chain_would_have_fed():
+    """Position j + 1: of the rows whose text followed the target through steps 1..j, those whose drafts 1..j + 1 all hit."""
+    hits = [torch.tensor(h, dtype=torch.bool) for h in ([1, 1, 1, 0, 1], [1, 0, 1, 1, 1], [1, 1, 0, 1, 0])]
+    follows = [torch.tensor(f, dtype=torch.bool) for f in ([0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1])]
+    (first, n1), (second, n2), (third, n3) = chain_acceptance(hits, follows)
+    assert (first, n1) == (4 / 5, 5)  # step 0's input is the known next token: every row counts
+    assert (second, n2) == (2 / 4, 4)  # rows 0-3 followed; rows 0 and 2 hit twice
+    assert (third, n3) == (1 / 3, 3)  # rows 0-2 followed twice; row 0 hit three times
 
 
 def test_kernel_head_matches_the_training_module(trained):

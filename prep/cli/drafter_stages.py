@@ -221,10 +221,12 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab: 
         config = DrafterConfig(draft_vocab=draft_vocab, intermediate_size=intermediate, steps=steps, epochs=epochs,
                                lr=lr, seed=seed, trainer_flags=flags)
         params = train_drafter(session, list(folders), work_dir or Path(folders[0]) / "drafter-train", config, force)
-    top1 = ", ".join(f"{params['validation'][f'val/top1@{j}']:.1%}" for j in range(steps))
+    validation = params["validation"]
+    top1 = ", ".join(f"{validation[f'val/top1@{j}']:.1%}" for j in range(steps))
+    chain = ", ".join(f"{validation[f'val/chain@{j}']:.1%}" if f"val/chain@{j}" in validation else "–" for j in range(steps))
     click.echo(f"wrote stage drafter to {artifact}: draft vocabulary {params['draft_vocab']} "
                f"(covers {params['draft_vocab_coverage']:.1%} of the target's choices), validation top-1 by step "
-               f"{top1} ({params['optimizer_steps']} steps, {params['seconds']} s)")
+               f"{top1}, a greedy chain's acceptance by position {chain} ({params['optimizer_steps']} steps, {params['seconds']} s)")
 
 
 @main.command("export-drafter")
