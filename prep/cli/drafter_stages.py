@@ -10,6 +10,7 @@ from artifacts.format import Stage
 from prep import stages
 from prep.cli import SEED, clean_errors, main, model_argument
 from prep.recipes import load_recipe, overridden
+from prep.responses import SOURCES as RESPONSE_SOURCES
 from prep.router_loss import LOSSES
 from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
@@ -253,7 +254,7 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
 
 @main.command("responses")
 @click.argument("artifact")
-@click.option("--source", type=click.Choice(["sharegpt", "pystdlib", "pyfunctions"]), default="sharegpt", show_default=True,
+@click.option("--source", type=click.Choice(RESPONSE_SOURCES), default="sharegpt", show_default=True,
               help="ShareGPT train-split first turns (chat template), openings of the standard library's source, or its "
                    "functions cut after their docstrings (HumanEval's shape, not HumanEval).")
 @click.option("-n", "--prompts", "count", type=COUNT, default=100, show_default=True, help="How many prompts.")

@@ -107,10 +107,8 @@ class KernelHead:
     """An EagleHead's forward on the native kernels (its KernelWeights), over a one-layer KV cache of its own."""
 
     def __init__(self, weights: KernelWeights) -> None:
-        self.weights = w = weights
-        c = self.config = w.config
-        self.fc, self.qkv, self.o, self.gate_up, self.down = w.fc, w.qkv, w.o, w.gate_up, w.down
-        self.lm_head, self.token_ids, self.norms = w.lm_head, w.token_ids, w.norms
+        self.weights = weights  # shared with every KernelHead over the session: never written
+        c = self.config = weights.config
         self.keys = torch.zeros(c.kv_heads, CACHE_CAPACITY, c.head_dim)
         self.values = torch.zeros_like(self.keys)
         self.length = 0
@@ -120,14 +118,14 @@ class KernelHead:
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Fused features [T, d] of the target's tapped layers [T, 3d]."""
-        return linear(features, self.fc)
+        return linear(features, self.weights.fc)
 
     def step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Append rows (token embeddings, hidden inputs [T, d]) at the next positions; their layer outputs [T, d]."""
-        c, count, start = self.config, embeds.shape[0], self.length
-        n = self.norms
+        c, w, count, start = self.config, self.weights, embeds.shape[0], self.length
+        n = w.norms
         x = torch.cat([rms_norm(embeds, n["input_layernorm"], NORM_EPS), rms_norm(hidden, n["hidden_norm"], NORM_EPS)], dim=1)
-        qkv = quant_linear_parts(x, self.qkv)  # [T, (H + 2 KV) hd]
+        qkv = quant_linear_parts(x, w.qkv)  # [T, (H + 2 KV) hd]
         q_width, kv_width = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
         q = qkv[:, :q_width].reshape(count, c.num_heads, c.head_dim).transpose(0, 1)  # [H, T, hd]
         k = qkv[:, q_width : q_width + kv_width].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
@@ -142,15 +140,16 @@ class KernelHead:
             apply_rotary(q, cos, sin).unsqueeze(0), self.keys[:, : self.length].unsqueeze(0),
             self.values[:, : self.length].unsqueeze(0), attn_mask=mask, enable_gqa=c.num_heads != c.kv_heads,
         )[0].transpose(0, 1).reshape(count, q_width)  # [T, H hd]
-        x = hidden + linear(attended, self.o)
-        gate_up = quant_linear_parts(rms_norm(x, n["post_attention_layernorm"], NORM_EPS), self.gate_up)  # [T, 2 F]
+        x = hidden + linear(attended, w.o)
+        gate_up = quant_linear_parts(rms_norm(x, n["post_attention_layernorm"], NORM_EPS), w.gate_up)  # [T, 2 F]
         half = gate_up.shape[1] // 2
-        return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], self.down)
+        return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], w.down)
 
     def top1(self, out: torch.Tensor) -> int:
         """The target id of the best draft-vocabulary token for the last layer output of out [T, d]."""
-        logits = linear(rms_norm(out[-1:], self.norms["norm"], NORM_EPS), self.lm_head)  # [1, rows]
-        return int(self.token_ids[int(logits.argmax())])
+        w = self.weights
+        logits = linear(rms_norm(out[-1:], w.norms["norm"], NORM_EPS), w.lm_head)  # [1, rows]
+        return int(w.token_ids[int(logits.argmax())])
 
     def _reserve(self, length: int) -> None:
         if length > self.keys.shape[1]:
@@ -256,13 +255,10 @@ class EagleOptions:
         if self.frspec is not None and self.frspec > config.draft_vocab:
             raise ValueError(f"eagle:frspec={self.frspec} exceeds the head's draft vocabulary of {config.draft_vocab}; "
                              f"give N <= {config.draft_vocab}")
-        weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact, config))
+        weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
         return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None)
 
-    def weights(self, artifact, config: EagleConfig) -> KernelWeights:
-        """The stage's head on the kernels, cut to FR-Spec's shortlist (the draft rows chosen most in training) if asked."""
-        from artifacts.format import Stage
-
-        tensors = artifact.read_stage(Stage.DRAFTER)
+    def weights(self, tensors: dict[str, torch.Tensor], config: EagleConfig) -> KernelWeights:
+        """Stage drafter's tensors on the kernels, cut to FR-Spec's shortlist (the draft rows chosen most in training) if asked."""
         shortlist = None if self.frspec is None else tensors["draft_order"][: self.frspec].sort().values
         return KernelWeights.of(head_from_stage(tensors, config), shortlist)
