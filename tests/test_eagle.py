@@ -99,8 +99,10 @@ def test_kernel_head_matches_the_training_module(trained):
     torch.testing.assert_close(second, reference[1][-1:], atol=1e-4, rtol=1e-4)
 
 
+# The tiny head is near uniform over its 48 rows (top-1 ~0.029): conf=0.025 drafts one token a round.
 @pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive",
-                                    "spec:eagle:lookup:gamma=4", "spec:eagle:frspec=24:lookup+csv"])
+                                    "spec:eagle:lookup:gamma=4", "spec:eagle:frspec=24:lookup+csv", "spec:eagle:conf=0.025",
+                                    "spec:eagle:conf=0.025:lookup"])
 def test_eagle_greedy_equals_plain_decoding(trained, method):
     session, _, _ = trained
     target, head = session.target, FullHead(session.target.head_weight, session.target.head_bias)
@@ -155,6 +157,33 @@ def test_drafts_are_the_training_modules_chain_on_the_targets_features(trained):
         outs = head.unrolled(features, embeds, 3)
     chain = [int(head.draft_ids()[head.logits(out[-1:]).argmax()]) for out in outs]
     assert drafts == chain
+
+
+def test_a_confident_chain_stops_where_its_path_score_falls_below_conf(trained):
+    """eagle:conf=P drafts the unconditioned chain's longest prefix whose running product of the head's
+    top-1 probabilities stays >= P (conf=1 drafts nothing: no probability over many rows reaches 1)."""
+    session, _, _ = trained
+    weights = KernelWeights.of(q8_module(session.artifact))
+    context = [2] + [random.Random(7).randrange(2, 40) for _ in range(14)]
+
+    def chain(confidence: float) -> tuple[list[int], list[float]]:
+        drafter = EagleDrafter(session.target, weights, min_confidence=confidence)
+        cache = session.target.new_cache()
+        drafter.follow(cache)
+        drafter.reset(context, SamplingParams(), None)
+        session.target.forward(torch.tensor(context[:-1]), cache)
+        drafts = drafter.propose(context, 6).tokens.tolist()
+        head, probs, out = drafter.head, [], drafter.out
+        for token in drafts:  # replay the chain for its probabilities
+            probs.append(head.top1(out)[1])
+            out = head.step(session.target.embedding_rows(torch.tensor([token])), out)
+        return drafts, probs
+
+    full, probs = chain(0.0)
+    scores = torch.tensor(probs, dtype=torch.float64).cumprod(0).tolist()
+    assert len(full) == 6 and scores[0] > scores[1] > scores[3] > 0
+    for kept, confidence in [(1, (scores[0] + scores[1]) / 2), (3, (scores[2] + scores[3]) / 2), (0, 1.0)]:
+        assert chain(confidence)[0] == full[:kept]
 
 
 def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
@@ -226,7 +255,9 @@ def test_sampled_eagle_follows_the_target_distribution(trained):
 
 
 @pytest.mark.parametrize("text, fix", [("eagle:frspec=0", "frspec=N"), ("eagle:lookup:lookup", "at most once"),
-                                       ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once")])
+                                       ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once"),
+                                       ("eagle:conf=0", "0 < P <= 1"), ("eagle:conf=1.5", "conf=P"),
+                                       ("eagle:conf=high", "conf=P"), ("eagle:conf=0.2:conf=0.3", "at most once")])
 def test_eagle_arguments_are_refused_in_one_line(text, fix):
     from runtime.drafters import parse_drafter
 
@@ -239,3 +270,5 @@ def test_eagle_arguments_have_one_spelling():
 
     assert parse_drafter("eagle:lookup:frspec=0016") == DrafterSpec("eagle", EagleOptions(frspec=16, lookup=True))
     assert str(parse_drafter("eagle:lookup:frspec=0016")) == "eagle:frspec=16:lookup"
+    assert str(parse_drafter("eagle:lookup:conf=0.250:frspec=16")) == "eagle:frspec=16:conf=0.25:lookup"
+    assert parse_drafter("eagle:conf=.3").options == EagleOptions(confidence=0.3)

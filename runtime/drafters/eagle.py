@@ -10,7 +10,10 @@ The head runs on the native kernels: every matrix is requantized to Q8_0 once at
 fp32's bytes; a drafted token's cost is what matters, and drafts never change the output: the
 verifier is exact). Drafts are the head's top-1 mapped to target ids (point masses, so exact
 sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only the N draft-vocabulary
-rows the target chose most often in training (FR-Spec's shortlist on the head).
+rows the target chose most often in training (FR-Spec's shortlist on the head). `conf=P` stops a
+chain where the head's confidence in it, the product of its top-1 probabilities so far (EAGLE-2's
+path score), falls below P: a draft the head doubts costs a verify row and a head step, and
+usually buys nothing. The cut reads only the head's own state, so exact sampling stays exact.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
+from runtime.drafters.arguments import number_text
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
 from runtime.common.checks import is_digits
@@ -145,11 +149,12 @@ class KernelHead:
         half = gate_up.shape[1] // 2
         return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], w.down)
 
-    def top1(self, out: torch.Tensor) -> int:
-        """The target id of the best draft-vocabulary token for the last layer output of out [T, d]."""
+    def top1(self, out: torch.Tensor) -> tuple[int, float]:
+        """(target id, probability over the kept rows) of the best draft-vocabulary token for the last layer output of out [T, d]."""
         w = self.weights
-        logits = linear(rms_norm(out[-1:], w.norms["norm"], NORM_EPS), w.lm_head)  # [1, rows]
-        return int(w.token_ids[int(logits.argmax())])
+        logits = linear(rms_norm(out[-1:], w.norms["norm"], NORM_EPS), w.lm_head)[0]  # [rows]
+        best = int(logits.argmax())
+        return int(w.token_ids[best]), float(torch.softmax(logits, dim=0)[best])
 
     def _reserve(self, length: int) -> None:
         if length > self.keys.shape[1]:
@@ -164,10 +169,12 @@ class KernelHead:
 class EagleDrafter:
     """Drafts a chain per round from the target's tapped features (runtime.backends.base.KVCache.tap)."""
 
-    def __init__(self, target, weights: KernelWeights, lookup: LookupDrafter | None = None) -> None:
+    def __init__(self, target, weights: KernelWeights, lookup: LookupDrafter | None = None,
+                 min_confidence: float = 0.0) -> None:
         self.target = target
         self.head = KernelHead(weights)
         self.lookup = lookup  # drafts first where it finds a match
+        self.min_confidence = min_confidence  # a chain ends before the draft that takes its path score below this
         self.layers = weights.config.feature_layers
         self.cache = None  # the target's KV cache, whose taps hold the features
         self.fed = 0  # verified positions the head's cache holds (its rows 0..fed-1)
@@ -199,9 +206,12 @@ class EagleDrafter:
             embeds = self.target.embedding_rows(torch.tensor(context[self.fed + 1 : verified + 1]))  # [n, d]
             self.out = self.head.step(embeds, self.head.fuse(features))[-1:]
             self.fed = verified
-        drafts, out = [], self.out
+        drafts, out, confidence = [], self.out, 1.0
         for _ in range(k):
-            token = self.head.top1(out)
+            token, prob = self.head.top1(out)
+            confidence *= prob
+            if confidence < self.min_confidence:
+                break
             drafts.append(token)
             if len(drafts) < k:
                 out = self.head.step(self.target.embedding_rows(torch.tensor([token])), out)
@@ -214,32 +224,48 @@ class EagleDrafter:
             self.lookup.observe(verdict)
 
 
-EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096 or eagle:lookup"
+EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:conf=0.3 or eagle:lookup"
+
+
+def confidence_value(text: str) -> float | None:
+    """conf=P's P as a number in (0, 1], or None where it is not one."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 < value <= 1.0 else None
 
 
 @dataclass(frozen=True)
 class EagleOptions:
-    """eagle[:frspec=N][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen draft-vocabulary rows;
-    lookup drafts by prompt lookup first. Canonical order: frspec, then lookup."""
+    """eagle[:frspec=N][:conf=P][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen draft-vocabulary
+    rows; conf=P (0 < P <= 1) ends a chain where the product of the head's top-1 probabilities falls
+    below P; lookup drafts by prompt lookup first. Canonical order: frspec, conf, then lookup."""
 
     frspec: int | None = None
     lookup: bool = False
+    confidence: float | None = None
 
     @classmethod
     def parse(cls, args: list[str]) -> EagleOptions:
-        frspec, lookup = None, False
+        frspec, lookup, confidence = None, False, None
         for arg in args:
             option, _, value = arg.partition("=")
             if option == "frspec" and frspec is None and is_digits(value) and int(value) >= 1:
                 frspec = int(value)
+            elif option == "conf" and confidence is None and confidence_value(value) is not None:
+                confidence = confidence_value(value)
             elif arg == "lookup" and not lookup:
                 lookup = True
             else:
-                raise ValueError(f"eagle takes frspec=N (N >= 1) and lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
-        return cls(frspec, lookup)
+                raise ValueError(f"eagle takes frspec=N (N >= 1), conf=P (0 < P <= 1) and lookup, each at most once, "
+                                 f"not {arg!r}; {EAGLE_EXAMPLE}")
+        return cls(frspec, lookup, confidence)
 
     def format(self) -> tuple[str, ...]:
-        return (f"frspec={self.frspec}",) * (self.frspec is not None) + ("lookup",) * self.lookup
+        words = [] if self.frspec is None else [f"frspec={self.frspec}"]
+        words += [] if self.confidence is None else [f"conf={number_text(self.confidence)}"]
+        return (*words, *["lookup"] * self.lookup)
 
     def build(self, context: DraftContext) -> EagleDrafter:
         """The eagle drafter over the artifact's stage `drafter` (trained by prep train-drafter)."""
@@ -256,7 +282,7 @@ class EagleOptions:
             raise ValueError(f"eagle:frspec={self.frspec} exceeds the head's draft vocabulary of {config.draft_vocab}; "
                              f"give N <= {config.draft_vocab}")
         weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
-        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None)
+        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None, self.confidence or 0.0)
 
     def weights(self, tensors: dict[str, torch.Tensor], config: EagleConfig) -> KernelWeights:
         """Stage drafter's tensors on the kernels, cut to FR-Spec's shortlist (the draft rows chosen most in training) if asked."""
