@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from artifacts import StageExists
 from artifacts.format import Stage
+from prep.recipes import DEFAULTS, DrafterRecipe
 from prep.router_trainer import fit_and_validate, lightning_flags
 from prep.trace_files import load_traces, traces_of
 from prep.traces import SPLITS
@@ -46,14 +47,19 @@ KEYS = ["input_ids", "features", "top_ids", "top_probs", "doc", "split"]
 class DrafterConfig:
     """How `train_drafter` shapes and trains the head, and Lightning's trainer flags."""
 
-    draft_vocab: int = 16_384
+    draft_vocab: int = DEFAULTS.drafter.draft_vocab
     intermediate_size: int | None = None  # None: the target's
-    steps: int = 3  # training-time test depth
-    epochs: int = 2
-    lr: float = 5e-4
+    steps: int = DEFAULTS.drafter.steps  # training-time test depth
+    epochs: int = DEFAULTS.drafter.epochs
+    lr: float = DEFAULTS.drafter.lr
     seed: int = 0
     trainer_flags: dict = field(default_factory=lightning_flags)
     progress: bool = True
+
+    @classmethod
+    def from_recipe(cls, recipe: DrafterRecipe, **options) -> DrafterConfig:
+        """The fields of a recipe's [drafter] section (flags already applied), plus `options`."""
+        return cls(draft_vocab=recipe.draft_vocab, steps=recipe.steps, epochs=recipe.epochs, lr=recipe.lr, **options)
 
 
 class TextData(Dataset):

@@ -1,6 +1,6 @@
 """Recipes: one TOML per packaged model saying which parameters each prep stage uses, read into dataclasses.
 
-A recipe file has sections [cluster], [screen], [screen4] and [router] (and a top-level `model`); every key
+A recipe file has sections [cluster], [screen], [screen4], [router] and [drafter] (and a top-level `model`); every key
 of a section is a field of that section's dataclass below, and a key that is not is an error naming
 the valid ones. Command-line flags override recipe values through `overridden` only: a flag left at
 None means "the recipe's value".
@@ -75,6 +75,16 @@ class RouterRecipe:
 
 
 @dataclass(frozen=True)
+class DrafterRecipe:
+    """[drafter]: the EAGLE-3 draft head's training (prep train-drafter)."""
+
+    draft_vocab: int = 16_384  # the target's most chosen tokens the head's LM head keeps (FR-Spec style)
+    steps: int = 3  # training-time-test depth: draft steps unrolled
+    epochs: int = 2
+    lr: float = 5e-4
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A model's recipe: one dataclass per section."""
 
@@ -83,6 +93,7 @@ class Recipe:
     screen: ScreenRecipe = field(default_factory=ScreenRecipe)
     screen4: Screen4Recipe = field(default_factory=Screen4Recipe)
     router: RouterRecipe = field(default_factory=RouterRecipe)
+    drafter: DrafterRecipe = field(default_factory=DrafterRecipe)
 
 
 # Used for models without a recipe (a local directory or .gguf file), and under every recipe file.

@@ -256,7 +256,7 @@ def test_sampled_eagle_follows_the_target_distribution(trained):
 
 @pytest.mark.parametrize("text, fix", [("eagle:frspec=0", "frspec=N"), ("eagle:lookup:lookup", "at most once"),
                                        ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once"),
-                                       ("eagle:conf=0", "0 < P <= 1"), ("eagle:conf=1.5", "conf=P"),
+                                       ("eagle:conf=-0.1", "0 <= P <= 1"), ("eagle:conf=1.5", "conf=P"),
                                        ("eagle:conf=high", "conf=P"), ("eagle:conf=0.2:conf=0.3", "at most once")])
 def test_eagle_arguments_are_refused_in_one_line(text, fix):
     from runtime.drafters import parse_drafter
@@ -272,3 +272,4 @@ def test_eagle_arguments_have_one_spelling():
     assert str(parse_drafter("eagle:lookup:frspec=0016")) == "eagle:frspec=16:lookup"
     assert str(parse_drafter("eagle:lookup:conf=0.250:frspec=16")) == "eagle:frspec=16:conf=0.25:lookup"
     assert parse_drafter("eagle:conf=.3").options == EagleOptions(confidence=0.3)
+    assert parse_drafter("eagle:conf=0") == parse_drafter("eagle") and str(parse_drafter("eagle:conf=0.0")) == "eagle"

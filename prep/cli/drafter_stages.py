@@ -189,18 +189,19 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
 @click.argument("artifact")
 @click.option("--features", "folders", multiple=True, required=True,
               help="Features folder written by prep traces --features (repeat for several corpora).")
-@click.option("--draft-vocab", type=COUNT, default=16_384, show_default=True,
-              help="Draft vocabulary: the target's most chosen tokens (FR-Spec style).")
+@click.option("--draft-vocab", type=COUNT, default=None,
+              help="Draft vocabulary: the target's most chosen tokens, FR-Spec style (default: the recipe's).")
 @click.option("--intermediate", type=COUNT, default=None, help="The head's MLP width (default: the target's).")
-@click.option("--steps", type=Integer(1, 8), default=3, show_default=True, help="Training-time-test depth (draft steps unrolled).")
-@click.option("--epochs", type=COUNT, default=2, show_default=True)
-@click.option("--lr", type=Number(0, low_open=True), default=5e-4, show_default=True)
+@click.option("--steps", type=Integer(1, 8), default=None,
+              help="Training-time-test depth, draft steps unrolled (default: the recipe's).")
+@click.option("--epochs", type=COUNT, default=None, help="Default: the recipe's.")
+@click.option("--lr", type=Number(0, low_open=True), default=None, help="Default: the recipe's.")
 @lightning_options
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: FEATURES/drafter-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing drafter stage.")
 @clean_errors
-def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab: int, intermediate, steps: int,
-                          epochs: int, lr: float, devices: str, accelerator: str, precision: str, strategy: str,
+def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, intermediate, steps, epochs, lr,
+                          devices: str, accelerator: str, precision: str, strategy: str,
                           seed: int, work_dir, force: bool) -> None:
     """Train the EAGLE-3 draft head on the target's features (Lightning) and write stage `drafter`.
 
@@ -219,12 +220,14 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab: 
         for folder in folders:
             traces_of(folder, art.model.name, art.model.vocab_size)
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
-        config = DrafterConfig(draft_vocab=draft_vocab, intermediate_size=intermediate, steps=steps, epochs=epochs,
-                               lr=lr, seed=seed, trainer_flags=flags)
+        cfg = overridden(load_recipe(session.model.info.name).drafter, draft_vocab=draft_vocab, steps=steps,
+                         epochs=epochs, lr=lr)
+        config = DrafterConfig.from_recipe(cfg, intermediate_size=intermediate, seed=seed, trainer_flags=flags)
         params = train_drafter(session, list(folders), work_dir or Path(folders[0]) / "drafter-train", config, force)
     validation = params["validation"]
-    top1 = ", ".join(f"{validation[f'val/top1@{j}']:.1%}" for j in range(steps))
-    chain = ", ".join(f"{validation[f'val/chain@{j}']:.1%}" if f"val/chain@{j}" in validation else "–" for j in range(steps))
+    top1 = ", ".join(f"{validation[f'val/top1@{j}']:.1%}" for j in range(cfg.steps))
+    chain = ", ".join(f"{validation[f'val/chain@{j}']:.1%}" if f"val/chain@{j}" in validation else "–"
+                      for j in range(cfg.steps))
     click.echo(f"wrote stage drafter to {artifact}: draft vocabulary {params['draft_vocab']} "
                f"(covers {params['draft_vocab_coverage']:.1%} of the target's choices), validation top-1 by step "
                f"{top1}, a greedy chain's acceptance by position {chain} ({params['optimizer_steps']} steps, {params['seconds']} s)")
