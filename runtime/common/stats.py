@@ -1,5 +1,7 @@
 """Counters the heads and decoding loops fill in, reported by `generate` and `bench`: one model.
 
+`Verdict` is one verify round's outcome, which the loops count (SpecStats.record) and drafters observe.
+
 `DecodeStats` is what every loop returns: tokens, forwards and times, the target head's counters
 (`head`; a certified head fills in its certification counters), and optional parts that are None
 when the method has none: `spec` (drafting and verification) and `shortlist` (the drafter's
@@ -9,6 +11,20 @@ shortlist head, DynaSpec / FR-Spec).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying one draft: how many drafts passed and what to append."""
+
+    drafted: int
+    accepted: int
+    tokens: list[int]  # accepted drafts, then one recovered or bonus token
+
+    @property
+    def bonus(self) -> bool:
+        """Every draft passed, so the last token came from the target's extra position."""
+        return self.accepted == self.drafted
 
 
 _COUNTERS = ("rows", "certified", "fallbacks", "near_ties", "recomputed_tokens", "required_open_tokens")

@@ -1,5 +1,6 @@
 """The drafter protocols (chains, token trees, beams) and what passes between a drafter and a loop:
-the proposal, and the verifier's verdict on it. Loops import these, never a concrete drafter."""
+the proposal, and the verifier's verdict on it (runtime.common.stats.Verdict, which the stats count
+too). Loops import these, never a concrete drafter."""
 
 from __future__ import annotations
 
@@ -9,21 +10,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.common.stats import Verdict
 from runtime.drafters.trees import TokenTree
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Outcome of verifying one draft: how many drafts passed and what to append."""
-
-    drafted: int
-    accepted: int
-    tokens: list[int]  # accepted drafts, then one recovered or bonus token
-
-    @property
-    def bonus(self) -> bool:
-        """Every draft passed, so the last token came from the target's extra position."""
-        return self.accepted == self.drafted
 
 
 @dataclass(frozen=True)
