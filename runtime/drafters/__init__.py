@@ -42,8 +42,8 @@ register_drafter(DrafterEntry("frspec", FrspecOptions, "frspec:layers:N|int8:TOK
 register_drafter(DrafterEntry("onedecode", OnedecodeOptions, ONEDECODE_HELP, head="none"))
 register_drafter(DrafterEntry(
     "eagle", EagleOptions,
-    "eagle[:frspec=N][:lookup] (the trained EAGLE-3 head of stage drafter, on the target's own features; "
-    "lookup: prompt lookup first)", head="none"))
+    "eagle[:frspec=N][:conf=P][:lookup] (the trained EAGLE-3 head of stage drafter, on the target's own features; "
+    "conf=P: end a chain where the head's confidence falls below P, 0.4 measured best; lookup: prompt lookup first)", head="none"))
 
 
 __all__ = [
