@@ -75,10 +75,10 @@ def write_files(
     return {filename: file_record(dest / filename) for filename in [tensor_path.name, *extra_files]}
 
 
-def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file; a failed write (a full disk) raises the OSError it is, which prep reports in one line."""
     try:
-        safetensors.torch.save_file(tensors, str(path))
+        safetensors.torch.save_file(tensors, str(path), metadata=metadata)
     except safetensors.SafetensorError as e:
         error = io_error(e, path)
         if error is None:

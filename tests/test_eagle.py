@@ -4,6 +4,7 @@ the `eagle` drafter's exactness (greedy identity with plain decoding, exact samp
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -215,6 +216,10 @@ def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
     assert weights["lm_head.weight"].dtype == torch.bfloat16
     assert torch.equal(weights["d2t"], stage["d2t"]) and torch.equal(weights["t2d"], stage["t2d"])
     assert torch.equal(weights["d2t"] + torch.arange(48), torch.nonzero(stage["t2d"]).view(-1))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()} == {
+        "config.json": 0o666 & ~mask, "model.safetensors": 0o666 & ~mask}  # shared like any output, not 0600
     result = CliRunner().invoke(prep_main, ["export-drafter", str(session.artifact.path), "-o", str(out)])
     assert result.exit_code != 0 and "--force" in result.output
 
