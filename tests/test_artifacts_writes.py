@@ -34,7 +34,7 @@ def test_force_overwrites(tmp_path: Path) -> None:
     assert reopened.verify() == []
 
 
-def _save_half_then_fail(tensors: dict[str, torch.Tensor], filename: str) -> None:
+def _save_half_then_fail(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str] | None = None) -> None:
     """Stand-in for safetensors' save_file that dies after writing part of the file."""
     Path(filename).write_bytes(b"partial")
     raise OSError("disk full")
