@@ -68,11 +68,17 @@ def write_files(
     save_tensors({key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}, tensor_path)
     for filename, data in extra_files.items():
         (dest / filename).write_bytes(data)
-    mode = 0o666 & ~current_umask()  # safetensors creates 0600; an artifact is shared data
-    for path in dest.iterdir():
+    share_files(dest)
+    return {filename: file_record(dest / filename) for filename in [tensor_path.name, *extra_files]}
+
+
+def share_files(folder: Path) -> None:
+    """Give every file in `folder` mode 0666 minus the umask, then fsync it: safetensors creates 0600, and
+    what prep writes (an artifact, an exported checkpoint) is shared data."""
+    mode = 0o666 & ~current_umask()
+    for path in folder.iterdir():
         os.chmod(path, mode)
         fsync_file(path)
-    return {filename: file_record(dest / filename) for filename in [tensor_path.name, *extra_files]}
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:

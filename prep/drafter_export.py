@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from artifacts.atomic import current_umask, fsync_dir, fsync_file, tmp_name
-from artifacts.writing import save_tensors
+from artifacts.atomic import fsync_dir, tmp_name
+from artifacts.writing import save_tensors, share_files
 from artifacts.format import Stage
 from runtime.drafters.eagle import CHECKPOINT_NAMES
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig
@@ -70,9 +70,7 @@ def export_drafter(artifact, out: str | Path, force: bool = False) -> Path:
     try:
         save_tensors(weights, staging / WEIGHTS_FILE, metadata={"format": "pt"})
         (staging / CONFIG_FILE).write_text(json.dumps(checkpoint_config(config, params["max_positions"]), indent=2) + "\n")
-        for path in staging.iterdir():  # safetensors creates 0600; a checkpoint is shared like any output
-            os.chmod(path, 0o666 & ~current_umask())
-            fsync_file(path)
+        share_files(staging)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)

@@ -1,4 +1,4 @@
-"""The words drafter options share: integer and number arguments, and NAME[:MAX_NGRAM] (ngram, lookup)."""
+"""The words drafter options share: integer, [0, 1] and number arguments, and NAME[:MAX_NGRAM] (ngram, lookup)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,15 @@ def positive(value: str, what: str, example: str) -> int:
     if not is_digits(value) or int(value) < 1:
         raise ValueError(f"{what} takes an integer >= 1, not {value!r}; e.g. {example}")
     return int(value)
+
+
+def unit_number(text: str) -> float | None:
+    """An argument's number in [0, 1] (a probability, a confidence, a score), or None where it is not one."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
 
 
 def no_arguments(name: str, args: list[str]) -> None:

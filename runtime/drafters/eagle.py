@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from runtime.drafters.arguments import number_text
+from runtime.drafters.arguments import number_text, unit_number
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
 from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
 from runtime.common.checks import is_digits
@@ -230,15 +230,6 @@ class EagleDrafter:
 EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:conf=0.3 or eagle:lookup"
 
 
-def confidence_value(text: str) -> float | None:
-    """conf=P's P as a number in [0, 1], or None where it is not one."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if 0.0 <= value <= 1.0 else None
-
-
 @dataclass(frozen=True)
 class EagleOptions:
     """eagle[:frspec=N][:conf=P][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen draft-vocabulary
@@ -257,8 +248,8 @@ class EagleOptions:
             option, _, value = arg.partition("=")
             if option == "frspec" and frspec is None and is_digits(value) and int(value) >= 1:
                 frspec = int(value)
-            elif option == "conf" and confidence is None and confidence_value(value) is not None:
-                confidence = confidence_value(value)
+            elif option == "conf" and confidence is None and unit_number(value) is not None:
+                confidence = unit_number(value)
             elif arg == "lookup" and not lookup:
                 lookup = True
             else:

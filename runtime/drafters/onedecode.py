@@ -20,7 +20,7 @@ from artifacts.format import Stage
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.base import Drafter, Proposal, Verdict, empty_proposal
 from runtime.drafters.trees import TokenTree, build_tree
-from runtime.drafters.arguments import number_text
+from runtime.drafters.arguments import number_text, unit_number
 from runtime.drafters.registry import DraftContext
 
 # Tensor names of stage `onedecode`; LEVELS[0] is keyed by the last token, LEVELS[1] by the last two.
@@ -216,11 +216,8 @@ class OnedecodeOptions:
             if not eq or key not in ("threshold", "fallback", "context"):
                 raise ValueError(f"unknown onedecode option {arg!r}; use {ONEDECODE_HELP}")
             options[key] = value
-        try:
-            threshold = float(options["threshold"])
-        except ValueError:
-            threshold = -1.0
-        if not 0.0 <= threshold <= 1.0:
+        threshold = unit_number(options["threshold"])
+        if threshold is None:
             raise ValueError(f"onedecode's threshold is a confidence in [0, 1], not {options['threshold']!r}; e.g. threshold=0.3")
         if options["fallback"] not in FALLBACKS:
             raise ValueError(f"onedecode's fallback is one of {', '.join(FALLBACKS)}, not {options['fallback']!r}")

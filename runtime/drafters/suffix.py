@@ -21,7 +21,7 @@ import torch
 
 from runtime.drafters.base import Proposal, empty_proposal
 from runtime.drafters.lookup import MAX_HISTORY_TOKENS, LookupDrafter
-from runtime.drafters.arguments import number_text, positive
+from runtime.drafters.arguments import number_text, positive, unit_number
 from runtime.drafters.registry import DraftContext
 
 INDEX_NGRAM = 4  # occurrences are found by the context's last 4 tokens (lookup's index), then compared backwards
@@ -101,11 +101,8 @@ class SuffixOptions:
                 raise ValueError(f"suffix takes match=N and prob=P, each at most once, not {arg!r}; {SUFFIX_EXAMPLE}")
             given[key] = value
         max_match = positive(given.get("match", str(MAX_MATCH)), "suffix's match", "suffix:match=32")
-        try:
-            min_prob = float(given.get("prob", MIN_PROB))
-        except ValueError:
-            min_prob = -1.0
-        if not 0.0 <= min_prob <= 1.0:
+        min_prob = unit_number(given["prob"]) if "prob" in given else MIN_PROB
+        if min_prob is None:
             raise ValueError(f"suffix's prob is a score in [0, 1], not {given['prob']!r}; e.g. suffix:prob=0.2")
         return cls(max_match, min_prob)
 
