@@ -76,6 +76,7 @@ class Stage:
     GP = "gp"
     ONEDECODE = "onedecode"
     DRAFTER = "drafter"
+    DRAFTER_ROUTER = "drafter_router"
 
 
 def tensor_filename(stage: str) -> str:

@@ -219,3 +219,17 @@ DRAFTER = declare(StageSchema(
     params=("hidden_size", "num_heads", "kv_heads", "head_dim", "intermediate_size", "draft_vocab", "vocab_size",
             "feature_layers", "rope_theta", "steps", "max_positions"),
 ))
+
+# DynaSpec's router over the draft head's vocabulary (prep train-drafter-router): cluster_labels [Vd]
+# groups the head's rows; the router scores the clusters from the fed token's embedding and the
+# head's output. params drafter_sha256: the stage drafter it was trained on.
+DRAFTER_ROUTER = declare(StageSchema(
+    Stage.DRAFTER_ROUTER,
+    tensors={
+        "embed_dim": T("int64", "1"),
+        "cluster_labels": T("int64", "Vd"),
+    },
+    patterns={r"router\..+\.bias": T("float32", "*"), r"router\..+": T("float32", "*", "*")},
+    params=("clusters", "width", "drafter_sha256"),
+    files=("drafter_router.onnx",),
+))

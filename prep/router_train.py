@@ -54,13 +54,14 @@ class RouterModule(L.LightningModule):
     against the shortlist size."""
 
     def __init__(self, router: Router, embedding: torch.Tensor, cluster_sizes: torch.Tensor, always: int,
-                 lr: float = 1e-3, loss: str = "ce"):
+                 lr: float = 1e-3, loss: str = "ce", vocab_size: int | None = None):
         super().__init__()
         self.router = router
         self.lr, self.loss = lr, loss
         self.register_buffer("embedding", embedding, persistent=False)  # [V, d_e], frozen
         self.register_buffer("cluster_sizes", cluster_sizes.float(), persistent=False)  # [M]
-        self.always, self.vocab_size = always, embedding.shape[0]
+        self.always = always
+        self.vocab_size = vocab_size or embedding.shape[0]  # what the shortlist share is of: V, or a head's Vd
         # Counted in the module's state, which Lightning carries back from spawned processes (ddp_spawn).
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))
 

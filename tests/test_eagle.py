@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -105,15 +106,18 @@ def test_kernel_head_matches_the_training_module(trained):
                                     "spec:eagle:lookup:gamma=4", "spec:eagle:frspec=24:lookup+csv", "spec:eagle:conf=0.025",
                                     "spec:eagle:conf=0.025:lookup"])
 def test_eagle_greedy_equals_plain_decoding(trained, method):
-    session, _, _ = trained
+    assert_greedy_identity(trained[0], method, random.Random(1), prompts=4, tokens=40)
+
+
+def assert_greedy_identity(session, method: str, rng: random.Random, prompts: int, tokens: int) -> None:
+    """`method` decodes plain decoding's tokens on random prompts, and drafts some."""
     target, head = session.target, FullHead(session.target.head_weight, session.target.head_bias)
-    built = build_method(session, method)
-    rng, drafted = random.Random(1), 0
-    for _ in range(4):
+    built, drafted = build_method(session, method), 0
+    for _ in range(prompts):
         prompt = torch.tensor([2] + [rng.randrange(2, 40) for _ in range(rng.randrange(3, 30))])
-        reference, _ = generate_ar(target, head, prompt, 40)
-        tokens, stats = built.decode(prompt, 40, SamplingParams(), None)
-        assert tokens == reference
+        reference, _ = generate_ar(target, head, prompt, tokens)
+        decoded, stats = built.decode(prompt, tokens, SamplingParams(), None)
+        assert decoded == reference
         drafted += stats.spec.drafted
     assert drafted > 0
 
@@ -174,10 +178,11 @@ def test_a_confident_chain_stops_where_its_path_score_falls_below_conf(trained):
         drafter.reset(context, SamplingParams(), None)
         session.target.forward(torch.tensor(context[:-1]), cache)
         drafts = drafter.propose(context, 6).tokens.tolist()
-        head, probs, out = drafter.head, [], drafter.out
+        head, probs, out, embed = drafter.head, [], drafter.out, drafter.embed
         for token in drafts:  # replay the chain for its probabilities
-            probs.append(head.top1(out)[1])
-            out = head.step(session.target.embedding_rows(torch.tensor([token])), out)
+            probs.append(head.top1(out, embed)[1])
+            embed = session.target.embedding_rows(torch.tensor([token]))
+            out = head.step(embed, out)
         return drafts, probs
 
     full, probs = chain(0.0)
@@ -259,7 +264,85 @@ def test_sampled_eagle_follows_the_target_distribution(trained):
     assert chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
 
 
+@pytest.fixture(scope="module")
+def routed(trained):
+    """prep train-drafter-router on the trained head (6 clusters of its 48 rows), once for the module."""
+    session, _, _ = trained
+    out = prep_ok(["train-drafter-router", session.artifact.path, "--clusters", 6, "--max-steps", 40, "--devices", 1,
+                   "--accelerator", "cpu"])
+    return open_session(session.artifact.path, backend="lean", progress=False), out
+
+
+def test_the_drafter_router_stage_groups_the_heads_rows_and_reports_recall(routed):
+    session, out = routed
+    art = session.artifact
+    params, tensors = art.stage_params("drafter_router"), art.read_stage("drafter_router")
+    assert params["clusters"] == 6 and tensors["cluster_labels"].shape == (48,)
+    assert sorted(tensors["cluster_labels"].unique().tolist()) == list(range(6))
+    recall = [params["validation"][f"val/recall@{k}"] for k in (1, 2, 4)]
+    assert 0 < recall[0] <= recall[1] <= recall[2] <= 1 and params["train_rows"] > params["validation_rows"] > 0
+    assert params["drafter_sha256"] == art.manifest.stages["drafter"].files["drafter.safetensors"].sha256
+    assert "k=1: " in out and "wrote stage drafter_router" in out
+
+
+@pytest.mark.parametrize("method", ["spec:eagle:dynaspec=2", "spec:eagle:dynaspec=1:gamma=3+csv",
+                                    "spec:eagle:dynaspec=3:conf=0.025:lookup"])
+def test_routed_eagle_greedy_equals_plain_decoding(routed, method):
+    assert_greedy_identity(routed[0], method, random.Random(3), prompts=3, tokens=30)
+
+
+def routed_chain(session, k: int, seen: list | None = None) -> list[int]:
+    """The eagle:dynaspec=k drafter's chain of 4 over a fixed context (seen: each draft's scored token ids)."""
+    from runtime.drafters.eagle import ClusterRouter, HeadRouterStage
+
+    stage = HeadRouterStage.load(session.artifact)
+    weights = KernelWeights.of(q8_module(session.artifact), stage.order)
+    router = ClusterRouter(stage.runner, stage.starts, k)
+    if seen is not None:
+        rows = router.rows
+        router.rows = lambda embed, out: seen.append(weights.token_ids[r := rows(embed, out)].tolist()) or r
+    drafter = EagleDrafter(session.target, weights, router=router)
+    context = [2] + [random.Random(11).randrange(2, 40) for _ in range(14)]
+    cache = session.target.new_cache()
+    drafter.follow(cache)
+    drafter.reset(context, SamplingParams(), None)
+    session.target.forward(torch.tensor(context[:-1]), cache)
+    return drafter.propose(context, 4).tokens.tolist()
+
+
+def test_a_routed_head_drafts_from_its_routers_clusters_and_all_clusters_draft_the_full_chain(routed):
+    session, _ = routed
+    seen = []
+    for token, scored in zip(routed_chain(session, 2, seen), seen):
+        assert token in scored and len(scored) < 48
+    full = EagleDrafter(session.target, KernelWeights.of(q8_module(session.artifact)))
+    context = [2] + [random.Random(11).randrange(2, 40) for _ in range(14)]
+    cache = session.target.new_cache()
+    full.follow(cache)
+    full.reset(context, SamplingParams(), None)
+    session.target.forward(torch.tensor(context[:-1]), cache)
+    assert routed_chain(session, 6) == full.propose(context, 4).tokens.tolist()
+
+
+def test_routed_eagle_refuses_a_missing_stale_or_too_small_router_in_one_line(routed, trained, tmp_path):
+    session, _ = routed
+    with pytest.raises(ValueError, match="exceeds the router's 6 clusters"):
+        build_method(session, "spec:eagle:dynaspec=7")
+    stale = tmp_path / "stale"
+    shutil.copytree(session.artifact.path, stale)
+    manifest = json.loads((stale / "manifest.json").read_text())
+    manifest["stages"]["drafter_router"]["params"]["drafter_sha256"] = "0" * 64
+    (stale / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="another draft head; run: prep train-drafter-router .* --force"):
+        build_method(open_session(stale, backend="lean", progress=False), "spec:eagle:dynaspec=2")
+    del manifest["stages"]["drafter_router"]
+    (stale / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="needs stage drafter_router; run: prep train-drafter-router"):
+        build_method(open_session(stale, backend="lean", progress=False), "spec:eagle:dynaspec=2")
+
+
 @pytest.mark.parametrize("text, fix", [("eagle:frspec=0", "frspec=N"), ("eagle:lookup:lookup", "at most once"),
+                                       ("eagle:dynaspec=0", "dynaspec=K"), ("eagle:frspec=8:dynaspec=2", "frspec=N or"),
                                        ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once"),
                                        ("eagle:conf=-0.1", "0 <= P <= 1"), ("eagle:conf=1.5", "conf=P"),
                                        ("eagle:conf=high", "conf=P"), ("eagle:conf=0.2:conf=0.3", "at most once")])
@@ -277,4 +360,5 @@ def test_eagle_arguments_have_one_spelling():
     assert str(parse_drafter("eagle:lookup:frspec=0016")) == "eagle:frspec=16:lookup"
     assert str(parse_drafter("eagle:lookup:conf=0.250:frspec=16")) == "eagle:frspec=16:conf=0.25:lookup"
     assert parse_drafter("eagle:conf=.3").options == EagleOptions(confidence=0.3)
+    assert str(parse_drafter("eagle:lookup:conf=0.4:dynaspec=08")) == "eagle:dynaspec=8:conf=0.4:lookup"
     assert parse_drafter("eagle:conf=0") == parse_drafter("eagle") and str(parse_drafter("eagle:conf=0.0")) == "eagle"

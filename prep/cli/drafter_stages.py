@@ -233,6 +233,57 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, 
                f"{top1}, a greedy chain's acceptance by position {chain} ({params['optimizer_steps']} steps, {params['seconds']} s)")
 
 
+@main.command("train-drafter-router")
+@click.argument("artifact")
+@click.option("--features", "folders", multiple=True,
+              help="Features folder (prep traces --features; repeat for several; default: the ones the head was trained on).")
+@click.option("--clusters", type=COUNT, default=64, show_default=True,
+              help="Clusters M of the head's draft-vocabulary rows (spherical k-means).")
+@click.option("--width", type=COUNT, default=256, show_default=True, help="Router MLP width.")
+@click.option("--max-steps", type=COUNT, default=2000, show_default=True)
+@click.option("--batch-size", type=COUNT, default=256, show_default=True)
+@click.option("--max-tokens", type=COUNT, default=60_000, show_default=True,
+              help="Text rows of the features to read (each gives one router row per draft step).")
+@click.option("--lr", type=Number(0, low_open=True), default=1e-3, show_default=True)
+@lightning_options
+@click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: FEATURES/drafter-router-train).")
+@click.option("--force", is_flag=True, help="Overwrite an existing drafter_router stage.")
+@clean_errors
+def train_drafter_router_command(artifact: str, folders: tuple[str, ...], clusters: int, width: int, max_steps: int,
+                                 batch_size: int, max_tokens: int, lr: float, devices: str, accelerator: str,
+                                 precision: str, strategy: str, seed: int, work_dir, force: bool) -> None:
+    """Train DynaSpec's router over the draft head's vocabulary (Lightning) and write stage `drafter_router`.
+
+    \b
+    prep train-drafter-router art/g270
+    runtime generate art/g270 --method spec:eagle:dynaspec=8:conf=0.4+csv:screen4 --prompt "def fib(n):"
+    """
+    from prep.drafter_router import DrafterRouterConfig, train_drafter_router
+    from prep.router_trainer import lightning_flags
+    from prep.trace_files import traces_of
+    from runtime.session import open_session
+
+    flags = lightning_flags(devices, accelerator, precision, strategy)
+    with stages.adding_stage(artifact, Stage.DRAFTER_ROUTER, force) as art:
+        if not art.has_stage(Stage.DRAFTER):
+            raise click.ClickException(f"{artifact} has no draft head to route; run: prep train-drafter {artifact} "
+                                       "--features FEATURES")
+        folders = list(folders) or art.stage_params(Stage.DRAFTER)["features"]
+        for folder in folders:
+            traces_of(folder, art.model.name, art.model.vocab_size)
+        session = open_session(artifact, backend="transformers")  # the embedding table as stored
+        config = DrafterRouterConfig(clusters=clusters, width=width, max_steps=max_steps, batch_size=batch_size, lr=lr,
+                                     max_tokens=max_tokens, seed=seed, trainer_flags=flags)
+        params = train_drafter_router(session, work_dir or Path(folders[0]) / "drafter-router-train", config, folders,
+                                      force)
+    validation = params["validation"]
+    recall = ", ".join(f"k={k}: {validation[f'val/recall@{k}']:.1%} at {validation[f'val/shortlist@{k}']:.1%}"
+                       for k in (1, 4, 8, 16) if f"val/recall@{k}" in validation)
+    click.echo(f"wrote stage drafter_router to {artifact}: {params['clusters']} clusters; validation recall of the "
+               f"target's top-1 by clusters kept (share of the draft vocabulary) {recall} ({params['steps']} steps, "
+               f"{params['seconds']} s)")
+
+
 @main.command("export-drafter")
 @click.argument("artifact")
 @click.option("-o", "--out", required=True, help="Checkpoint folder to write (config.json + model.safetensors).")

@@ -10,7 +10,9 @@ The head runs on the native kernels: every matrix is requantized to Q8_0 once at
 fp32's bytes; a drafted token's cost is what matters, and drafts never change the output: the
 verifier is exact). Drafts are the head's top-1 mapped to target ids (point masses, so exact
 sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only the N draft-vocabulary
-rows the target chose most often in training (FR-Spec's shortlist on the head). `conf=P` stops a
+rows the target chose most often in training (FR-Spec's shortlist on the head); `dynaspec=K` scores,
+per draft, the rows of the K clusters DynaSpec's router ranks highest (stage drafter_router, the
+DynaSpec paper's setting: a router shortlisting an EAGLE head's LM head). `conf=P` stops a
 chain where the head's confidence in it, the product of its top-1 probabilities so far (EAGLE-2's
 path score), falls below P: a draft the head doubts costs a verify row and a head step, and usually
 buys nothing. The cut reads only the head's own state, so exact sampling stays exact. Without it
@@ -35,6 +37,7 @@ from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_
 from runtime.common.checks import is_digits
 from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.registry import DraftContext
+from runtime.drafters.router import HEAD_ROUTER_ONNX_FILE, RouterRunner
 from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 
@@ -110,11 +113,30 @@ class KernelWeights:
         )
 
 
+class ClusterRouter:
+    """DynaSpec's router on the head (stage drafter_router): the rows of the top-k clusters for a head step.
+
+    The head's LM-head rows are stored grouped by cluster (KernelWeights built with `cluster_order`),
+    so cluster c is rows starts[c]..starts[c + 1] - 1.
+    """
+
+    def __init__(self, runner: RouterRunner, starts: torch.Tensor, k: int) -> None:
+        self.runner, self.k = runner, k
+        self.starts = starts.tolist()  # [M + 1]
+
+    def rows(self, embed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The LM-head rows [n] of the k clusters the router ranks highest for the fed token's embedding
+        and the head's output (both [1, d]), ascending."""
+        clusters = self.runner.scores(embed, out)[0].topk(self.k).indices.sort().values.tolist()
+        return torch.cat([torch.arange(self.starts[c], self.starts[c + 1]) for c in clusters])
+
+
 class KernelHead:
     """An EagleHead's forward on the native kernels (its KernelWeights), over a one-layer KV cache of its own."""
 
-    def __init__(self, weights: KernelWeights) -> None:
+    def __init__(self, weights: KernelWeights, router: ClusterRouter | None = None) -> None:
         self.weights = weights  # shared with every KernelHead over the session: never written
+        self.router = router  # None: score every kept row
         c = self.config = weights.config
         self.keys = torch.zeros(c.kv_heads, CACHE_CAPACITY, c.head_dim)
         self.values = torch.zeros_like(self.keys)
@@ -152,12 +174,19 @@ class KernelHead:
         half = gate_up.shape[1] // 2
         return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], w.down)
 
-    def top1(self, out: torch.Tensor) -> tuple[int, float]:
-        """(target id, probability over the kept rows) of the best draft-vocabulary token for the last layer output of out [T, d]."""
-        w = self.weights
-        logits = linear(rms_norm(out[-1:], w.norms["norm"], NORM_EPS), w.lm_head)[0]  # [rows]
+    def top1(self, out: torch.Tensor, embed: torch.Tensor) -> tuple[int, float]:
+        """(target id, probability over the scored rows) of the best draft-vocabulary token for the last
+        layer output of out [T, d]; embed [1, d]: the embedding of the token that step fed (the router's input).
+        The scored rows are the kept ones, or with a router those of its top-k clusters."""
+        w, last = self.weights, out[-1:]
+        lm_head, token_ids = w.lm_head, w.token_ids
+        if self.router is not None:
+            rows = self.router.rows(embed, last)  # [n]
+            lm_head = QuantMatrix(lm_head.data.index_select(0, rows), lm_head.ggml_type, rows.numel(), lm_head.cols)
+            token_ids = token_ids[rows]
+        logits = linear(rms_norm(last, w.norms["norm"], NORM_EPS), lm_head)[0]  # [rows]
         best = int(logits.argmax())
-        return int(w.token_ids[best]), float(torch.softmax(logits, dim=0)[best])
+        return int(token_ids[best]), float(torch.softmax(logits, dim=0)[best])
 
     def _reserve(self, length: int) -> None:
         if length > self.keys.shape[1]:
@@ -173,15 +202,16 @@ class EagleDrafter:
     """Drafts a chain per round from the target's tapped features (runtime.backends.base.KVCache.tap)."""
 
     def __init__(self, target, weights: KernelWeights, lookup: LookupDrafter | None = None,
-                 min_confidence: float = 0.0) -> None:
+                 min_confidence: float = 0.0, router: ClusterRouter | None = None) -> None:
         self.target = target
-        self.head = KernelHead(weights)
+        self.head = KernelHead(weights, router)
         self.lookup = lookup  # drafts first where it finds a match
         self.min_confidence = min_confidence  # a chain ends before the draft that takes its path score below this
         self.layers = weights.config.feature_layers
         self.cache = None  # the target's KV cache, whose taps hold the features
         self.fed = 0  # verified positions the head's cache holds (its rows 0..fed-1)
         self.out: torch.Tensor | None = None  # the head's output at row fed - 1 [1, d]
+        self.embed: torch.Tensor | None = None  # the embedding of the token row fed - 1 read [1, d]
 
     def follow(self, cache) -> None:
         """Read the features of the target cache `cache` (the loop calls this before its prefill)."""
@@ -191,7 +221,7 @@ class EagleDrafter:
     def reset(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
               ban: TokenBan = NO_BAN) -> None:
         self.head.crop(0)
-        self.fed, self.out = 0, None
+        self.fed, self.out, self.embed = 0, None, None
         if self.lookup is not None:
             self.lookup.reset(prompt, params, generator, ban)
 
@@ -208,16 +238,18 @@ class EagleDrafter:
             features = self.cache.features[rows]  # [n, 3d]
             embeds = self.target.embedding_rows(torch.tensor(context[self.fed + 1 : verified + 1]))  # [n, d]
             self.out = self.head.step(embeds, self.head.fuse(features))[-1:]
+            self.embed = embeds[-1:]
             self.fed = verified
-        drafts, out, confidence = [], self.out, 1.0
+        drafts, out, embed, confidence = [], self.out, self.embed, 1.0
         for _ in range(k):
-            token, prob = self.head.top1(out)
+            token, prob = self.head.top1(out, embed)
             confidence *= prob
             if confidence < self.min_confidence:
                 break
             drafts.append(token)
             if len(drafts) < k:
-                out = self.head.step(self.target.embedding_rows(torch.tensor([token])), out)
+                embed = self.target.embedding_rows(torch.tensor([token]))  # [1, d]
+                out = self.head.step(embed, out)
         self.head.crop(self.fed)
         return Proposal(torch.tensor(drafts, dtype=torch.long))
 
@@ -227,38 +259,44 @@ class EagleDrafter:
             self.lookup.observe(verdict)
 
 
-EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:conf=0.3 or eagle:lookup"
+EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:dynaspec=8, eagle:conf=0.4 or eagle:lookup"
 
 
 @dataclass(frozen=True)
 class EagleOptions:
-    """eagle[:frspec=N][:conf=P][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen draft-vocabulary
-    rows; conf=P (0 <= P <= 1; 0, the default, drafts every position) ends a chain where the product of
-    the head's top-1 probabilities falls below P; lookup drafts by prompt lookup first. Canonical order:
-    frspec, conf (unless 0), then lookup."""
+    """eagle[:frspec=N|dynaspec=K][:conf=P][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen
+    draft-vocabulary rows; dynaspec=K (K >= 1) scores, per draft, the rows of the K clusters DynaSpec's
+    router ranks highest (stage drafter_router); conf=P (0 <= P <= 1; 0, the default, drafts every
+    position) ends a chain where the product of the head's top-1 probabilities falls below P; lookup
+    drafts by prompt lookup first. Canonical order: frspec or dynaspec, conf (unless 0), then lookup."""
 
     frspec: int | None = None
     lookup: bool = False
     confidence: float = 0.0
+    dynaspec: int | None = None
 
     @classmethod
     def parse(cls, args: list[str]) -> EagleOptions:
-        frspec, lookup, confidence = None, False, None
+        frspec, dynaspec, lookup, confidence = None, None, False, None
         for arg in args:
             option, _, value = arg.partition("=")
-            if option == "frspec" and frspec is None and is_digits(value) and int(value) >= 1:
+            positive = is_digits(value) and int(value) >= 1
+            if option == "frspec" and frspec is None and dynaspec is None and positive:
                 frspec = int(value)
+            elif option == "dynaspec" and dynaspec is None and frspec is None and positive:
+                dynaspec = int(value)
             elif option == "conf" and confidence is None and unit_number(value) is not None:
                 confidence = unit_number(value)
             elif arg == "lookup" and not lookup:
                 lookup = True
             else:
-                raise ValueError(f"eagle takes frspec=N (N >= 1), conf=P (0 <= P <= 1) and lookup, each at most once, "
-                                 f"not {arg!r}; {EAGLE_EXAMPLE}")
-        return cls(frspec, lookup, confidence or 0.0)
+                raise ValueError(f"eagle takes frspec=N or dynaspec=K (N, K >= 1), conf=P (0 <= P <= 1) and lookup, "
+                                 f"each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
+        return cls(frspec, lookup, confidence or 0.0, dynaspec)
 
     def format(self) -> tuple[str, ...]:
         words = [] if self.frspec is None else [f"frspec={self.frspec}"]
+        words += [] if self.dynaspec is None else [f"dynaspec={self.dynaspec}"]
         words += [f"conf={number_text(self.confidence)}"] if self.confidence else []
         return (*words, *["lookup"] * self.lookup)
 
@@ -276,10 +314,51 @@ class EagleOptions:
         if self.frspec is not None and self.frspec > config.draft_vocab:
             raise ValueError(f"eagle:frspec={self.frspec} exceeds the head's draft vocabulary of {config.draft_vocab}; "
                              f"give N <= {config.draft_vocab}")
-        weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
-        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None, self.confidence)
+        stage = None
+        if self.dynaspec is not None:
+            stage = context.once(("eagle", "router"), lambda: HeadRouterStage.load(artifact))
+            stage.check_k(self.dynaspec)
+            weights = context.once(("eagle", "dynaspec"), lambda: KernelWeights.of(
+                head_from_stage(artifact.read_stage(Stage.DRAFTER), config), stage.order))
+        else:
+            weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
+        router = None if stage is None else ClusterRouter(stage.runner, stage.starts, self.dynaspec)
+        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None, self.confidence, router)
 
     def weights(self, tensors: dict[str, torch.Tensor], config: EagleConfig) -> KernelWeights:
         """Stage drafter's tensors on the kernels, cut to FR-Spec's shortlist (the draft rows chosen most in training) if asked."""
         shortlist = None if self.frspec is None else tensors["draft_order"][: self.frspec].sort().values
         return KernelWeights.of(head_from_stage(tensors, config), shortlist)
+
+
+@dataclass(frozen=True)
+class HeadRouterStage:
+    """Stage drafter_router, loaded once a session: the router on ONNX Runtime and the head's rows grouped by cluster."""
+
+    runner: RouterRunner
+    order: torch.Tensor  # [Vd]: the head's rows, cluster 0's first (stable within a cluster)
+    starts: torch.Tensor  # [M + 1]: cluster c is order[starts[c] : starts[c + 1]]
+
+    @classmethod
+    def load(cls, artifact) -> HeadRouterStage:
+        from artifacts.format import Stage, tensor_filename
+
+        if not artifact.has_stage(Stage.DRAFTER_ROUTER):
+            raise ValueError(f"eagle:dynaspec needs stage drafter_router; run: prep train-drafter-router {artifact.path}")
+        params = artifact.stage_params(Stage.DRAFTER_ROUTER)
+        head_file = artifact.manifest.stages[Stage.DRAFTER].files[tensor_filename(Stage.DRAFTER)]
+        if params["drafter_sha256"] != head_file.sha256:
+            raise ValueError(f"{artifact.path}'s stage drafter_router was trained for another draft head; "
+                             f"run: prep train-drafter-router {artifact.path} --force")
+        tensors = artifact.read_stage(Stage.DRAFTER_ROUTER)
+        labels = tensors["cluster_labels"]  # [Vd]
+        counts = torch.bincount(labels, minlength=params["clusters"])
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        runner = RouterRunner(tensors, str(artifact.stage_file(Stage.DRAFTER_ROUTER, HEAD_ROUTER_ONNX_FILE)))
+        return cls(runner, torch.argsort(labels, stable=True), starts)
+
+    def check_k(self, k: int) -> int:
+        clusters = self.starts.numel() - 1
+        if k > clusters:
+            raise ValueError(f"eagle:dynaspec={k} exceeds the router's {clusters} clusters; give K <= {clusters}")
+        return k

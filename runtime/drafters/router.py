@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 ONNX_FILE = "router.onnx"
+HEAD_ROUTER_ONNX_FILE = "drafter_router.onnx"  # stage drafter_router's: DynaSpec's router on the draft head
 PREFIX = "router."
 ENGINES = ("onnx", "torch")  # what runs the router (not a model backend)
 
