@@ -86,7 +86,7 @@ def head_rows(head, steps: int, embedding: torch.Tensor, texts, labels: torch.Te
             drafted = t2d_index[top_ids[1 + j : 1 + j + rows, 0].long()]  # [T']
             kept = drafted != NOT_DRAFTED
             ids_out.append(ids[1 + j : 1 + j + rows][kept].long())
-            hidden_out.append(out[kept].to(torch.float16))  # [n, d]: half the memory; the router norms its input
+            hidden_out.append(out[kept].to(torch.bfloat16))  # [n, d]: half the memory, float32's range (gemma3's residual leaves float16's)
             label_out.append(labels[drafted[kept]])
         taken += rows
     return TensorDataset(torch.cat(ids_out), torch.cat(hidden_out), torch.cat(label_out)[:, None])
