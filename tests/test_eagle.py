@@ -229,7 +229,7 @@ def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
     assert result.exit_code != 0 and "--force" in result.output
 
 
-@pytest.mark.parametrize("method", ["spec:eagle:gamma=2", "spec:eagle:dynaspec=2:gamma=2"])
+@pytest.mark.parametrize("method", ["spec:eagle:gamma=2", "spec:eagle:dynaspec=2:gamma=2", "swarm:eagle:3:gamma=2:nodes=5"])
 def test_sampled_eagle_follows_the_target_distribution(request, method):
     """At temperature 0.7 the second token (the first a verify round decides, over eagle's draft) follows the
     target's exact marginal sum_x1 p(x1) p(x2 | x1): a chi-square test over 3000 seeded runs (EOS banned in both)."""
@@ -291,6 +291,55 @@ def test_the_drafter_router_stage_groups_the_heads_rows_and_reports_recall(route
                                     "spec:eagle:dynaspec=3:conf=0.025:lookup"])
 def test_routed_eagle_greedy_equals_plain_decoding(routed, method):
     assert_greedy_identity(routed[0], method, random.Random(3), prompts=3, tokens=30)
+
+
+@pytest.mark.parametrize("method", ["swarm:eagle:2", "swarm:eagle:3:gamma=3:nodes=8+csv", "swarm:eagle:frspec=24:4:nodes=12",
+                                    "swarm:eagle:dynaspec=2:2:nodes=6"])
+def test_eagle_trees_greedy_equal_plain_decoding(routed, method):
+    assert_greedy_identity(routed[0], method, random.Random(4), prompts=3, tokens=30)
+
+
+def following(session, drafter, seed: int) -> list[int]:
+    """A random context whose prefix (all but its last token) the target has run with `drafter` following its cache."""
+    context = [2] + [random.Random(seed).randrange(2, 40) for _ in range(14)]
+    cache = session.target.new_cache()
+    drafter.follow(cache)
+    drafter.reset(context, SamplingParams(), None)
+    session.target.forward(torch.tensor(context[:-1]), cache)
+    return context
+
+
+def test_an_eagle_tree_is_eagle2s_best_scored_nodes_and_k1_is_the_chain(trained):
+    """Level 1 is the head's top-K at the root; every node's score is its path's product of head probabilities,
+    the kept nodes are the best `budget`, parents first; with K = 1 the tree is the drafter's chain."""
+    from runtime.drafters.eagle_trees import EagleTrees
+
+    session, _, _ = trained
+    weights = KernelWeights.of(q8_module(session.artifact))
+    chain_drafter = EagleDrafter(session.target, weights)
+    context = following(session, chain_drafter, 13)
+    chain = chain_drafter.propose(context, 4).tokens.tolist()
+    one = EagleTrees(EagleDrafter(session.target, weights), 1)
+    tree = one.tree(following(session, one, 13), 4, 8)
+    assert tree.tokens.tolist() == chain and tree.parents.tolist() == [-1, 0, 1, 2]
+
+    trees = EagleTrees(EagleDrafter(session.target, weights), 3)
+    context = following(session, trees, 13)
+    tree = trees.tree(context, 3, 7)
+    head = trees.drafter.head
+    ids, probs = head.top_k(trees.drafter.out, trees.drafter.embed, 3)
+    level1 = [i for i, p in enumerate(tree.parents.tolist()) if p == -1]
+    assert tree.size == 7 and tree.tokens[level1].tolist() == ids[0][: len(level1)] and tree.tokens[0] == chain[0]
+    assert torch.allclose(tree.scores[level1].exp(), torch.tensor(probs[0][: len(level1)], dtype=torch.float64))
+    for node, parent in enumerate(tree.parents.tolist()):
+        assert parent < node and (parent == -1 or tree.scores[node] <= tree.scores[parent])
+    assert head.length == trees.drafter.fed  # the round's nodes are cropped from the head's cache
+
+
+def test_swarm_eagle_refuses_lookup_and_conf_in_one_line(trained):
+    for method, word in [("swarm:eagle:lookup:2", "drop lookup"), ("swarm:eagle:conf=0.4:2", "drop conf=P")]:
+        with pytest.raises(ValueError, match=word):
+            build_method(trained[0], method)
 
 
 def routed_chain(session, k: int, seen: list | None = None) -> list[int]:

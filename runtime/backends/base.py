@@ -74,6 +74,7 @@ class KVCache:
         """Forget everything after the first `length` tokens."""
         self.length = min(self.length, length)
 
+    @torch.inference_mode()  # the forwards allocate buffers (features, grown K/V) as inference tensors
     def compact(self, start: int, nodes: list[int]) -> None:
         """Keep the entries start + node for `nodes` (a token tree's accepted path) as tokens start..
         in that order and forget the rest: a copying gather, never overlapping views."""

@@ -149,8 +149,14 @@ class KernelHead:
         """Fused features [T, d] of the target's tapped layers [T, 3d]."""
         return linear(features, self.weights.fc)
 
-    def step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Append rows (token embeddings, hidden inputs [T, d]) at the next positions; their layer outputs [T, d]."""
+    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor | None = None,
+             visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Append rows (token embeddings, hidden inputs [T, d]) to the cache; their layer outputs [T, d].
+
+        By default the rows are a chain at the next positions, each seeing every cached row before it.
+        A token tree's level gives its rows' positions [T] and what each sees, visible [T, length + T]
+        (bool over the cache's rows after the append: the verified prefix, its ancestors and itself).
+        """
         c, w, count, start = self.config, self.weights, embeds.shape[0], self.length
         n = w.norms
         x = torch.cat([rms_norm(embeds, n["input_layernorm"], NORM_EPS), rms_norm(hidden, n["hidden_norm"], NORM_EPS)], dim=1)
@@ -159,12 +165,13 @@ class KernelHead:
         q = qkv[:, :q_width].reshape(count, c.num_heads, c.head_dim).transpose(0, 1)  # [H, T, hd]
         k = qkv[:, q_width : q_width + kv_width].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
         v = qkv[:, q_width + kv_width :].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
-        cos, sin = rotary(torch.arange(start, start + count), c.head_dim, c.rope_theta)
+        positions = torch.arange(start, start + count) if positions is None else positions
+        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
         self._reserve(start + count)
         self.keys[:, start : start + count] = apply_rotary(k, cos, sin)
         self.values[:, start : start + count] = v
         self.length = start + count
-        mask = None if count == 1 else torch.ones(count, start + count, dtype=torch.bool).tril(start)
+        mask = visible if visible is not None else None if count == 1 else torch.ones(count, start + count, dtype=torch.bool).tril(start)
         attended = F.scaled_dot_product_attention(
             apply_rotary(q, cos, sin).unsqueeze(0), self.keys[:, : self.length].unsqueeze(0),
             self.values[:, : self.length].unsqueeze(0), attn_mask=mask, enable_gqa=c.num_heads != c.kv_heads,
@@ -178,15 +185,28 @@ class KernelHead:
         """(target id, probability over the scored rows) of the best draft-vocabulary token for the last
         layer output of out [T, d]; embed [1, d]: the embedding of the token that step fed (the router's input).
         The scored rows are the kept ones, or with a router those of its top-k clusters."""
-        w, last = self.weights, out[-1:]
-        lm_head, token_ids = w.lm_head, w.token_ids
-        if self.router is not None:
-            rows = self.router.rows(embed, last)  # [n]
-            lm_head = QuantMatrix(lm_head.data.index_select(0, rows), lm_head.ggml_type, rows.numel(), lm_head.cols)
-            token_ids = token_ids[rows]
-        logits = linear(rms_norm(last, w.norms["norm"], NORM_EPS), lm_head)[0]  # [rows]
-        best = int(logits.argmax())
-        return int(token_ids[best]), float(torch.softmax(logits, dim=0)[best])
+        ids, probs = self.top_k(out[-1:], embed, 1)
+        return ids[0][0], probs[0][0]
+
+    def top_k(self, out: torch.Tensor, embed: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """The k best draft-vocabulary tokens (target ids) and their probabilities over the scored rows,
+        per row of layer outputs out [n, d] (embed [n, d]: the embeddings those rows fed), best first."""
+        w = self.weights
+        if self.router is None:
+            return self._top(linear(rms_norm(out, w.norms["norm"], NORM_EPS), w.lm_head), w.token_ids, k)
+        picks = []
+        for i in range(out.shape[0]):  # each row scores its own clusters
+            rows = self.router.rows(embed[i : i + 1], out[i : i + 1])  # [n]
+            lm_head = QuantMatrix(w.lm_head.data.index_select(0, rows), w.lm_head.ggml_type, rows.numel(), w.lm_head.cols)
+            picks.append(self._top(linear(rms_norm(out[i : i + 1], w.norms["norm"], NORM_EPS), lm_head), w.token_ids[rows], k))
+        return [ids[0] for ids, _ in picks], [probs[0] for _, probs in picks]
+
+    @staticmethod
+    def _top(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Per row of logits [n, rows] over rows holding target ids token_ids [rows]: the k best ids and their softmax."""
+        top = logits.topk(min(k, logits.shape[1]), dim=1)  # ranked by logit, as the module's argmax
+        probs = torch.softmax(logits, dim=1).gather(1, top.indices)
+        return token_ids[top.indices].tolist(), probs.tolist()
 
     def _reserve(self, length: int) -> None:
         if length > self.keys.shape[1]:
@@ -233,13 +253,7 @@ class EagleDrafter:
             found = self.lookup.propose(context, k)
             if found.tokens.numel():
                 return found  # the head catches up on these positions next time it drafts
-        if self.fed < verified:  # catch up: row t reads the features at t and the token t + 1
-            rows = slice(self.fed, verified)
-            features = self.cache.features[rows]  # [n, 3d]
-            embeds = self.target.embedding_rows(torch.tensor(context[self.fed + 1 : verified + 1]))  # [n, d]
-            self.out = self.head.step(embeds, self.head.fuse(features))[-1:]
-            self.embed = embeds[-1:]
-            self.fed = verified
+        self.catch_up(context)
         drafts, out, embed, confidence = [], self.out, self.embed, 1.0
         for _ in range(k):
             token, prob = self.head.top1(out, embed)
@@ -252,6 +266,17 @@ class EagleDrafter:
                 out = self.head.step(embed, out)
         self.head.crop(self.fed)
         return Proposal(torch.tensor(drafts, dtype=torch.long))
+
+    def catch_up(self, context: list[int]) -> None:
+        """Feed the head the positions the target verified since its last draft (row t reads the features
+        at t and the token t + 1), so that self.out is its output at the context's last verified row."""
+        verified = len(context) - 1  # the target cache holds features of context[:-1]
+        if self.fed < verified:
+            features = self.cache.features[self.fed : verified]  # [n, 3d]
+            embeds = self.target.embedding_rows(torch.tensor(context[self.fed + 1 : verified + 1]))  # [n, d]
+            self.out = self.head.step(embeds, self.head.fuse(features))[-1:]
+            self.embed = embeds[-1:]
+            self.fed = verified
 
     def observe(self, verdict: Verdict) -> None:
         """The head learns nothing (the next propose catches up on the verified positions); lookup follows the text."""

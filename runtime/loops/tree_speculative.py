@@ -11,7 +11,9 @@ Tree sources (runtime.drafters.base.TreeDrafter), each beside the drafter it rea
 - TableTrees (runtime.drafters.onedecode): the OneDecode table's top-K at every node (the GP paper's OTT-SWARM);
 - LookupTrees (runtime.drafters.lookup): the session lookup drafter's K best distinct continuations (no model);
 - SlotTrees (runtime.drafters.layers): any backend drafter's (int8, layers:N, gp, model:) top-K per slot
-  along its own greedy chain, Medusa-style: every node at depth d gets the candidates of the chain's slot d.
+  along its own greedy chain, Medusa-style: every node at depth d gets the candidates of the chain's slot d;
+- EagleTrees (runtime.drafters.eagle_trees): EAGLE-2's dynamic trees over the trained draft head, each
+  level's K best-scored nodes expanded in one head step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import torch
 
 from runtime.common.sampling import SamplingParams, TokenBan, mask_banned, select_allowed, warp
-from runtime.drafters.base import TreeDrafter
+from runtime.drafters.base import FeatureReader, TreeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.loops.decode import TokenStream, drive
 from runtime.loops.rounds import Round, stream_rounds
@@ -162,4 +164,7 @@ def stream_tree(
 
         return one_round
 
-    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop)
+    cache = target.new_cache()
+    if isinstance(drafter, FeatureReader):
+        drafter.follow(cache)  # before the prefill, whose features the first tree reads
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop, cache)

@@ -1,11 +1,12 @@
-"""swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, or the lookup
-drafter's K continuations), one target forward each."""
+"""swarm: token trees (the OneDecode table's or a drafter's K candidates per slot, the lookup
+drafter's K continuations, or EAGLE-2's trees over the draft head), one target forward each."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from runtime.drafters import DrafterSpec, parse_drafter
+from runtime.drafters.eagle_trees import EagleTrees
 from runtime.drafters.layers import BackendDrafter, SlotTrees
 from runtime.drafters.lookup import LookupTrees
 from runtime.drafters.onedecode import OneDecodeDrafter, OneDecodeTable, TableTrees
@@ -18,8 +19,8 @@ from runtime.methods.spec import MethodSpec
 from runtime.methods.streamer import Streamer
 from runtime.session import Session
 
-TREE_SOURCES = ("onedecode", "lookup", "layers", "int8", "gp", "model")  # a top-K per slot, or lookup's K continuations
-SWARM_EXAMPLE = "swarm:onedecode:4, swarm:lookup:4:nodes=12, swarm:int8:4:nodes=32 or swarm:layers:6:2:gamma=5"
+TREE_SOURCES = ("onedecode", "lookup", "layers", "int8", "gp", "model", "eagle")  # a top-K per slot or node, or lookup's K continuations
+SWARM_EXAMPLE = "swarm:onedecode:4, swarm:lookup:4:nodes=12, swarm:int8:4:nodes=32, swarm:eagle:2:nodes=6 or swarm:layers:6:2:gamma=5"
 DEFAULT_NODES = 16
 
 
@@ -70,6 +71,12 @@ class SwarmOptions:
             return TableTrees(OneDecodeDrafter(OneDecodeTable.load(session.artifact)), self.k)
         if self.drafter.name == "lookup":
             return LookupTrees(self.drafter.build(draft_context(session, None)), self.k)  # lookup has no head
+        if self.drafter.name == "eagle":
+            options = self.drafter.options
+            if options.lookup or options.confidence:
+                raise ValueError(f"swarm:eagle's trees rank nodes by the head's path score themselves; drop "
+                                 f"{'lookup' if options.lookup else 'conf=P'} (e.g. swarm:eagle:2:nodes=6)")
+            return EagleTrees(self.drafter.build(draft_context(session, None)), self.k)  # the head is its own
         return SlotTrees(backend_drafter(session, spec, self.drafter, head), self.k)
 
 
