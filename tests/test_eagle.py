@@ -200,6 +200,9 @@ def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
         session = open_session(tmp_path / "art", backend="lean", progress=False)
     with pytest.raises(ValueError, match="prep train-drafter"):
         build_method(session, "spec:eagle")
+    refused = CliRunner().invoke(prep_main, ["train-drafter-router", str(tmp_path / "art")])
+    assert refused.exit_code != 0 and "has no draft head to route; run: prep train-drafter" in refused.output
+    assert "Traceback" not in refused.output and not (tmp_path / "art" / "drafter_router.safetensors").exists()
 
 
 def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):

@@ -116,7 +116,7 @@ class KernelWeights:
 class ClusterRouter:
     """DynaSpec's router on the head (stage drafter_router): the rows of the top-k clusters for a head step.
 
-    The head's LM-head rows are stored grouped by cluster (KernelWeights built with `cluster_order`),
+    The head's LM-head rows are stored grouped by cluster (KernelWeights built with HeadRouterStage.order),
     so cluster c is rows starts[c]..starts[c + 1] - 1.
     """
 
