@@ -90,6 +90,10 @@ class Artifact:
         """Return a copy of the parameters a stage was built with (MissingStage)."""
         return copy.deepcopy(self._stage(name).params)
 
+    def tensors_sha256(self, name: str) -> str:
+        """Return the recorded sha256 of a stage's tensor file: what a stage built on it names it by."""
+        return self._stage(name).files[tensor_filename(name)].sha256
+
     def check_model(self, model: ModelInfo) -> None:
         """Raise ModelMismatch unless `model` is the model this artifact was built for."""
         if not same_model(self.model, model):

@@ -17,7 +17,6 @@ is among the top-k clusters, beside the mean shortlist's share of the draft voca
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +27,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
 from artifacts import StageExists
-from artifacts.format import Stage, tensor_filename
+from artifacts.format import Stage
 from prep.drafter_train import TextsData
 from prep.router_train import RouterModule, router_clusters
 from prep.router_trainer import fit_and_validate, lightning_flags
 from runtime.drafters.eagle import head_from_stage
 from runtime.drafters.eagle_head import NOT_DRAFTED, EagleConfig
-from runtime.drafters.router import HEAD_ROUTER_ONNX_FILE as ONNX_FILE, Router, export_onnx
+from runtime.drafters.router import HEAD_ROUTER_ONNX_FILE as ONNX_FILE, Router, onnx_bytes
 
 
 @dataclass(frozen=True)
@@ -126,14 +125,11 @@ def train_drafter_router(session, work_dir: str | Path, config: DrafterRouterCon
     metrics = fit_and_validate(module, RouterRows(splits, c.batch_size), c.trainer_flags, c.max_steps, Path(work_dir),
                                c.progress)
     router = module.router.cpu().eval()
-    with tempfile.TemporaryDirectory() as tmp:
-        export_onnx(router, str(Path(tmp) / ONNX_FILE))
-        onnx_bytes = (Path(tmp) / ONNX_FILE).read_bytes()
-    drafter_file = artifact.manifest.stages[Stage.DRAFTER].files[tensor_filename(Stage.DRAFTER)]
+    graph = onnx_bytes(router)
     out = {
         "clusters": int(len(sizes)),
         "width": c.width,
-        "drafter_sha256": drafter_file.sha256,
+        "drafter_sha256": artifact.tensors_sha256(Stage.DRAFTER),
         "features": [str(f) for f in folders],
         "train_rows": len(splits["train"]),
         "validation_rows": len(splits["validation"]),
@@ -147,5 +143,5 @@ def train_drafter_router(session, work_dir: str | Path, config: DrafterRouterCon
         "seconds": round(time.perf_counter() - started, 1),
     }
     tensors = {**router.stage_tensors(), "cluster_labels": labels}
-    artifact.write_stage(Stage.DRAFTER_ROUTER, tensors, out, extra_files={ONNX_FILE: onnx_bytes}, force=force)
+    artifact.write_stage(Stage.DRAFTER_ROUTER, tensors, out, extra_files={ONNX_FILE: graph}, force=force)
     return out

@@ -10,7 +10,6 @@ always-kept ids and the next-token counts as safetensors, and the router as an O
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from prep.router_trainer import fit_and_validate, lightning_flags
 from prep.trace_files import load_traces, require_split, traces_of
 from prep.traces import SPLITS, build_traces, parse_layers
 from runtime.common.checks import is_digits
-from runtime.drafters.router import ONNX_FILE, Router, export_onnx
+from runtime.drafters.router import ONNX_FILE, Router, onnx_bytes
 
 RECALL_KS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -189,9 +188,7 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
                           c.loss)
     metrics = fit_and_validate(module, data, c.trainer_flags, c.max_steps, Path(work_dir), c.progress)
     router = module.router.cpu().eval()
-    with tempfile.TemporaryDirectory() as tmp:
-        export_onnx(router, str(Path(tmp) / ONNX_FILE))
-        onnx_bytes = (Path(tmp) / ONNX_FILE).read_bytes()
+    graph = onnx_bytes(router)
     tensors = {
         **router.stage_tensors(),
         "cluster_labels": labels,
@@ -215,7 +212,7 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
         "validation": metrics,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    session.artifact.write_stage(Stage.ROUTER, tensors, params, extra_files={ONNX_FILE: onnx_bytes}, force=force)
+    session.artifact.write_stage(Stage.ROUTER, tensors, params, extra_files={ONNX_FILE: graph}, force=force)
     return params
 
 

@@ -366,13 +366,12 @@ class HeadRouterStage:
 
     @classmethod
     def load(cls, artifact) -> HeadRouterStage:
-        from artifacts.format import Stage, tensor_filename
+        from artifacts.format import Stage
 
         if not artifact.has_stage(Stage.DRAFTER_ROUTER):
             raise ValueError(f"eagle:dynaspec needs stage drafter_router; run: prep train-drafter-router {artifact.path}")
         params = artifact.stage_params(Stage.DRAFTER_ROUTER)
-        head_file = artifact.manifest.stages[Stage.DRAFTER].files[tensor_filename(Stage.DRAFTER)]
-        if params["drafter_sha256"] != head_file.sha256:
+        if params["drafter_sha256"] != artifact.tensors_sha256(Stage.DRAFTER):
             raise ValueError(f"{artifact.path}'s stage drafter_router was trained for another draft head; "
                              f"run: prep train-drafter-router {artifact.path} --force")
         tensors = artifact.read_stage(Stage.DRAFTER_ROUTER)

@@ -14,6 +14,7 @@ baseline's static list).
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import torch
@@ -55,20 +56,22 @@ class Router(nn.Module):
         return tensors
 
 
-def export_onnx(router: Router, path: str) -> None:
-    """Write the router as an ONNX graph with a dynamic batch axis (inputs `embedding`, `hidden`)."""
+def onnx_bytes(router: Router) -> bytes:
+    """The router as an ONNX graph with a dynamic batch axis (inputs `embedding`, `hidden`)."""
     embed_dim = router.embed_norm.normalized_shape[0]
     hidden_dim = router.hidden_norm.normalized_shape[0]
     example = (torch.zeros(1, embed_dim), torch.zeros(1, hidden_dim))
     # The TorchScript exporter: the torch.export one needs onnxscript, which is not a dependency,
     # and a two-layer MLP needs nothing it adds. It warns that it is deprecated; that is known.
+    graph = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
-            router.eval(), example, path, input_names=["embedding", "hidden"], output_names=["scores"],
+            router.eval(), example, graph, input_names=["embedding", "hidden"], output_names=["scores"],
             dynamic_axes={"embedding": {0: "batch"}, "hidden": {0: "batch"}, "scores": {0: "batch"}},
             opset_version=17, dynamo=False,
         )
+    return graph.getvalue()
 
 
 class RouterRunner:

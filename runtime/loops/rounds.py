@@ -12,7 +12,7 @@ import torch
 from runtime.backends.base import TargetModel
 from runtime.common.sampling import SamplingParams, TokenBan, select_allowed
 from runtime.common.stats import DecodeStats, SpecStats
-from runtime.drafters.base import Verdict
+from runtime.drafters.base import FeatureReader, Verdict
 from runtime.loops.decode import TokenStream
 from runtime.text.stopping import StopStrings
 
@@ -32,21 +32,24 @@ def stream_rounds(
     begin: Callable[[object, TokenBan, SpecStats], Round],
     min_new_tokens: int = 0,
     stop: StopStrings | None = None,
-    cache=None,
+    drafter=None,
 ) -> TokenStream:
     """The loop chains and trees share: prefill and first token as in stream_ar, then draft-and-verify
     rounds, each verdict's tokens appended (and yielded) until EOS, a stop string or max_new_tokens.
 
     begin(cache, ban, spec): called once after the first token (drafter resets go here); gives the
-    round function. ban: the EOS min-response guard over absolute context positions. cache: a new
-    cache of the target's to decode in (default: target.new_cache()).
+    round function. ban: the EOS min-response guard over absolute context positions. drafter: the
+    round's drafter; one that reads the target's features (FeatureReader) follows the new cache
+    before the prefill, whose features the first round reads.
     """
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
     stats = DecodeStats(prompt_tokens=prompt.numel(), spec=SpecStats())
     head_before = replace(head.stats)
     started = time.perf_counter()
-    cache = target.new_cache() if cache is None else cache
+    cache = target.new_cache()
+    if isinstance(drafter, FeatureReader):
+        drafter.follow(cache)
     hidden = target.forward(prompt, cache)[-1:]  # [1, d]
     stats.forwards += 1
     context = prompt.tolist()

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from runtime.drafters.base import Drafter, FeatureReader, Proposal, Verdict
+from runtime.drafters.base import Drafter, Proposal, Verdict
 from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan, mask_banned, select_allowed, warp
 from runtime.loops.decode import TokenStream, drive
 from runtime.loops.rounds import Round, stream_rounds
@@ -185,7 +185,4 @@ def stream_speculative(
 
         return one_round
 
-    cache = target.new_cache()
-    if isinstance(drafter, FeatureReader):
-        drafter.follow(cache)  # before the prefill, whose features the first round reads
-    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop, cache)
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop, drafter)

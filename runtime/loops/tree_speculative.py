@@ -23,7 +23,7 @@ import time
 import torch
 
 from runtime.common.sampling import SamplingParams, TokenBan, mask_banned, select_allowed, warp
-from runtime.drafters.base import FeatureReader, TreeDrafter
+from runtime.drafters.base import TreeDrafter
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.loops.decode import TokenStream, drive
 from runtime.loops.rounds import Round, stream_rounds
@@ -164,7 +164,4 @@ def stream_tree(
 
         return one_round
 
-    cache = target.new_cache()
-    if isinstance(drafter, FeatureReader):
-        drafter.follow(cache)  # before the prefill, whose features the first tree reads
-    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop, cache)
+    return stream_rounds(target, head, prompt, max_new_tokens, params, generator, begin, min_new_tokens, stop, drafter)
