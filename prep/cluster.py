@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
+from contextlib import contextmanager
 
 import faiss
 import numpy as np
@@ -16,6 +18,19 @@ from runtime.common.numerics import round_up_to_float32
 _CHUNK = 16384
 
 
+@contextmanager
+def stdout_to_stderr():
+    """Send file descriptor 1 to stderr for the block: faiss's C++ progress lines are not the command's output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed: int, progress: bool) -> torch.Tensor:
     """Cluster label [V] per row from faiss spherical k-means of the unit row directions."""
     directions = torch.nn.functional.normalize(weight.float(), dim=1).numpy()
@@ -24,7 +39,8 @@ def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed:
         max_points_per_centroid=max(1, math.ceil(directions.shape[0] / clusters)),
     )
     started = time.perf_counter()
-    kmeans.train(directions)
+    with stdout_to_stderr():
+        kmeans.train(directions)
     _, labels = kmeans.index.search(directions, 1)
     if progress:
         print(f"k-means: {clusters} clusters in {time.perf_counter() - started:.1f} s", file=sys.stderr)

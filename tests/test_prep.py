@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from factories import make_tiny_head
-from prep.cluster import build_clusters
+from prep.cluster import build_clusters, spherical_kmeans
 from prep.screen import CANDIDATE_GROUPS, build_screen, choose_group_size, quantize_int8
 
 VOCAB, DIM = 4096, 64
@@ -158,6 +158,15 @@ def test_cluster_bias_tables(clusters):
             assert rest <= float(bias[top[:m]].min())
         else:
             assert rest == float("-inf")
+
+
+def test_kmeans_progress_goes_to_stderr_not_stdout(capfd):
+    """faiss's C++ iteration lines are progress: stdout stays the command's own output."""
+    labels = spherical_kmeans(torch.randn(256, 16), 8, 5, 0, progress=True)
+    out, err = capfd.readouterr()
+    assert labels.shape == (256,) and int(labels.max()) < 8
+    assert out == ""
+    assert "Iteration" in err and "k-means: 8 clusters" in err
 
 
 def test_build_clusters_rejects_an_impossible_cluster_count():
