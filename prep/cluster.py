@@ -3,32 +3,18 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
-from contextlib import contextmanager
 
 import faiss
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from runtime.common.fds import fd_redirected
 from runtime.common.numerics import round_up_to_float32
 
 _CHUNK = 16384
-
-
-@contextmanager
-def stdout_to_stderr():
-    """Send file descriptor 1 to stderr for the block: faiss's C++ progress lines are not the command's output."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed: int, progress: bool) -> torch.Tensor:
@@ -39,7 +25,7 @@ def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed:
         max_points_per_centroid=max(1, math.ceil(directions.shape[0] / clusters)),
     )
     started = time.perf_counter()
-    with stdout_to_stderr():
+    with fd_redirected(1, 2):  # faiss's C++ progress lines go to stderr, not into the command's output
         kmeans.train(directions)
     _, labels = kmeans.index.search(directions, 1)
     if progress:

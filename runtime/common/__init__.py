@@ -1,1 +1,2 @@
-"""What every layer of the runtime shares: sampling, decoding stats, numerics and the checks of a caller's values."""
+"""What every layer of the runtime shares: sampling, decoding stats, numerics, the checks of a caller's
+values and C-level output redirection."""

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from runtime.common.fds import fd_redirected
 from runtime.common.sampling import SamplingParams
 from runtime.common.stats import DecodeStats
 from runtime.kernels import decode_threads
@@ -38,14 +39,8 @@ class LlamaCppUnavailable(ValueError):
 @contextlib.contextmanager
 def _quiet_stderr():
     """Silence llama.cpp's C-level log lines while it loads (it writes straight to fd 2)."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with open(os.devnull, "w") as null, fd_redirected(2, null.fileno()):
+        yield
 
 
 _PROBE = """

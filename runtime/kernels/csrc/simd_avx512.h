@@ -22,9 +22,9 @@ constexpr int kAccumulators = 16;  // accumulator vectors a kernel may keep in r
 // 7 or 8 rows decodes one weight row at a time and ran 1.3-1.6x slower on the AMD EPYC Zen 4 than
 // 6 + 2 (a 640 x 2048 Q6_K matrix, 8 rows: 491 against 307 us), which doubles the decoding instead.
 constexpr int kMaxBatch = 6;
-// Weight rows per pass for n rows of x: independent rows to decode while FMAs wait, with at most
-// 16 accumulators (of 32 zmm registers).
-constexpr int rows_for(int n) { return n <= 2 ? 4 : n == 3 ? 3 : n <= 6 ? 2 : 1; }
+// Weight rows R per pass for n (<= kMaxBatch) rows of x: independent rows to decode while FMAs
+// wait, R * n * 2 accumulators (at most 24 of the 32 zmm registers).
+constexpr int rows_for(int n) { return n <= 2 ? 4 : n == 3 ? 3 : 2; }
 
 struct V { __m512 v; };   // 16 floats
 struct I { __m512i v; };  // 16 int32
