@@ -12,7 +12,7 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -82,6 +82,11 @@ class DrafterRecipe:
     steps: int = 3  # training-time-test depth: draft steps unrolled
     epochs: int = 2
     lr: float = 5e-4
+    # `prep all --with-drafter`'s data (prep.drafter_recipe): the target's own greedy responses, "SOURCE:PROMPTS"
+    # (sharegpt, pystdlib, pyfunctions), and raw text, "CORPUS:TOKENS" (sharegpt, pystdlib; never HumanEval)
+    responses: tuple[str, ...] = ("pyfunctions:100", "sharegpt:100")
+    corpora: tuple[str, ...] = ()
+    precision: str = "auto"  # Lightning's; auto: bf16-mixed where the CPU has AVX512-BF16 or AMX-BF16, else 32-true
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,12 @@ def _section(defaults, table: dict[str, Any], where: str):
     for key, value in table.items():
         if key not in known:
             raise RecipeError(f"{where}: unknown key {key!r}; valid keys: {', '.join(known)}")
+        if get_origin(hints[key]) is tuple:  # tuple[T, ...]: a TOML list of T
+            item = get_args(hints[key])[0]
+            if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+                raise RecipeError(f"{where}: {key} = {value!r} should be a list of {item.__name__}")
+            table = {**table, key: tuple(value)}
+            continue
         allowed = tuple(getattr(hints[key], "__args__", (hints[key],)))
         if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):  # True is an int too
             kinds = " or ".join(t.__name__ for t in allowed)

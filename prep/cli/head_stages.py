@@ -98,14 +98,20 @@ def screen4(model: str, out: str, rank, group, texts, force: bool) -> None:
 @click.option("-o", "--out", required=True, help="Artifact directory to create or complete.")
 @click.option("--with-router", is_flag=True, help="Also run the recipe's prep traces + prep train-router (gemma3-270m: ~6 min on 2 cores).")
 @click.option("--traces", "traces_dir", default=None, help="Traces directory for --with-router (default: traces/NAME for -o art/NAME).")
+@click.option("--with-drafter", is_flag=True,
+              help="Also train the recipe's EAGLE-3 draft head: the target's own responses, their features, training "
+                   "(stage drafter; qwen2.5-coder: ~45 min on 2 cores).")
+@click.option("--features", "features_dir", default=None,
+              help="Data folder for --with-drafter: responses and features, reused on a rerun (default: features/NAME for -o art/NAME).")
 @click.option("--force", is_flag=True, help="Rebuild stages that already exist.")
-@clean_errors
-def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool) -> None:
+@clean_errors(interrupted="built stages, responses files and complete feature shards are kept: rerun the same command to resume")
+def all_stages(model: str, out: str, with_router: bool, traces_dir, with_drafter: bool, features_dir, force: bool) -> None:
     """Run the model's recipe end to end; stages already built are kept (use --force to rebuild).
 
     \b
     prep all gemma3-270m -o art/g270
     prep all gemma3-270m -o art/g270 --with-router
+    prep all qwen2.5-coder-0.5b-instruct -o art/qwen --with-drafter
     prep all qwen2.5-coder-0.5b-instruct -o art/qwen --force
     """
     recipe = load_recipe(model)
@@ -126,6 +132,15 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
                                    f"of their own, e.g. --traces traces/{Path(out).name}")
         check_traces_folder(traces_dir, "--traces")
         check_corpus(recipe.router.corpus)
+    if with_drafter:
+        from prep.drafter_recipe import feature_sets
+
+        requested[Stage.DRAFTER] = {"draft_vocab": recipe.drafter.draft_vocab}
+        features_dir = features_dir or str(Path("features") / Path(out).name)
+        if Path(features_dir).resolve() == Path(out).resolve():
+            raise click.UsageError(f"--features {features_dir} is the artifact's own folder (-o); features go in a folder "
+                                   f"of their own, e.g. --features features/{Path(out).name}")
+        feature_sets(recipe.drafter, features_dir)  # a bad [drafter] section is refused before any work
     with stages.output_artifact(out, force) as path:
         todo = stages.plan(stages.existing(path, model), requested, force)
         if not todo:
@@ -149,6 +164,13 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, force: bool)
             params = router_from_recipe(source.model, source.artifact, recipe.router, traces_dir, force)
             click.echo(f"router: recall@16 {params['validation'].get('val/recall@16', float('nan')):.3f}, "
                        f"traces in {traces_dir}", err=True)
+        if Stage.DRAFTER in todo:
+            from prep.drafter_recipe import build_drafter
+
+            params = build_drafter(source.artifact, source.model, recipe.drafter, recipe.router, features_dir, force)
+            top1 = " / ".join(f"{params['validation'][f'val/top1@{j}']:.1%}" for j in range(recipe.drafter.steps))
+            took = ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in params["recipe_seconds"].items())
+            click.echo(f"drafter: validation top-1 by draft step {top1}; {took}; features in {features_dir}", err=True)
     click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
 
 

@@ -1,0 +1,76 @@
+"""`prep all --with-drafter`: a recipe's [drafter] data (the target's responses, raw text), their features and the head."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from prep import recipes
+from prep.cli import main as prep_main
+from prep.drafter_recipe import feature_sets, training_precision
+from prep.trace_files import INDEX_FILE
+from runtime.session import open_session
+from tests.factories import prep_ok, save_tiny_model_dir
+
+TINY_DRAFTER = recipes.DrafterRecipe(draft_vocab=48, epochs=1, responses=("pyfunctions:3",), corpora=("pystdlib:600",),
+                                     precision="32-true")
+
+
+def test_prep_all_with_drafter_runs_the_recipe_and_a_rerun_keeps_it(tmp_path, monkeypatch):
+    """Responses, their features and raw text become folders under --features, the head trains on them
+    all; a rerun reuses every file and keeps the stage."""
+    model = save_tiny_model_dir(tmp_path / "model", layers=6)
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(
+        cluster=recipes.ClusterRecipe(clusters=8, iterations=2, top_m_bias=3), drafter=TINY_DRAFTER))
+    art, features = tmp_path / "art", tmp_path / "features"
+    out = prep_ok(["all", model, "-o", art, "--with-drafter", "--features", features])
+    responses = json.loads((features / "responses-pyfunctions-3.json").read_text())
+    assert len(responses) == 3
+    raw = json.loads((features / "pystdlib" / INDEX_FILE).read_text())
+    assert sum(shard["tokens"] for shard in raw["shards"]) == 600
+    assert json.loads((features / "self-pyfunctions" / INDEX_FILE).read_text())["feature_layers"]
+    params = open_session(art, backend="lean", progress=False).artifact.stage_params("drafter")
+    assert params["draft_vocab"] == 48 and sorted(params["features"]) == sorted(
+        str(features / name) for name in ("self-pyfunctions", "pystdlib"))
+    assert "drafter: validation top-1 by draft step" in out and "responses" in out and "training" in out
+
+    written = (features / "responses-pyfunctions-3.json").stat().st_mtime_ns
+    again = prep_ok(["all", model, "-o", art, "--with-drafter", "--features", features])
+    assert "drafter: already built with these parameters, kept" in again
+    assert (features / "responses-pyfunctions-3.json").stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("drafter, fix", [
+    (recipes.DrafterRecipe(responses=("humaneval:10",)), "responses: 'humaneval:10' should be NAME:PROMPTS"),
+    (recipes.DrafterRecipe(responses=(), corpora=("humaneval:1000",)), "corpora: 'humaneval:1000' should be NAME:TOKENS"),
+    (recipes.DrafterRecipe(responses=("sharegpt:0",)), "PROMPTS >= 1"),
+    (recipes.DrafterRecipe(responses=("sharegpt:5", "sharegpt:6")), "each name at most once"),
+    (recipes.DrafterRecipe(responses=(), corpora=()), "names no training data"),
+])
+def test_a_bad_drafter_recipe_is_refused_before_any_work(drafter, fix, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(drafter=drafter))
+    result = CliRunner().invoke(prep_main, ["all", str(tiny_model_dir), "-o", str(tmp_path / "art"), "--with-drafter"])
+    assert result.exit_code != 0 and fix in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "art").exists() and not (tmp_path / "features").exists()
+
+
+def test_the_drafter_data_are_recipe_lists_and_features_go_beside_the_artifact(tmp_path, monkeypatch):
+    with pytest.raises(recipes.RecipeError, match=r"responses = 'sharegpt:5' should be a list of str"):
+        recipes.parse_recipe({"drafter": {"responses": "sharegpt:5"}})
+    parsed = recipes.parse_recipe({"drafter": {"responses": ["sharegpt:5"], "corpora": ["pystdlib:100"]}}).drafter
+    assert parsed.responses == ("sharegpt:5",) and parsed.corpora == ("pystdlib:100",)
+    assert [s.folder.name for s in feature_sets(parsed, tmp_path)] == ["self-sharegpt", "pystdlib"]
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(prep_main, ["all", "m", "-o", "art", "--with-drafter", "--features", "art"])
+    assert result.exit_code != 0 and "features go in a folder of their own" in result.output
+
+
+def test_auto_precision_is_bf16_where_the_cpu_has_it():
+    auto = recipes.DrafterRecipe()
+    assert training_precision(auto, frozenset({"avx2", "avx512_bf16"})) == "bf16-mixed"
+    assert training_precision(auto, frozenset({"avx2", "amx_bf16"})) == "bf16-mixed"
+    assert training_precision(auto, frozenset({"avx2", "avx512f"})) == "32-true"
+    assert training_precision(recipes.DrafterRecipe(precision="32-true"), frozenset({"avx512_bf16"})) == "32-true"
