@@ -36,6 +36,7 @@ def test_prep_all_with_drafter_runs_the_recipe_and_a_rerun_keeps_it(tmp_path, mo
     assert params["draft_vocab"] == 48 and sorted(params["features"]) == sorted(
         str(features / name) for name in ("self-pyfunctions", "pystdlib"))
     assert "drafter: validation top-1 by draft step" in out and "responses" in out and "training" in out
+    assert "stages clusters, drafter, screen" in out
 
     written = (features / "responses-pyfunctions-3.json").stat().st_mtime_ns
     again = prep_ok(["all", model, "-o", art, "--with-drafter", "--features", features])

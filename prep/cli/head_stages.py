@@ -171,7 +171,7 @@ def all_stages(model: str, out: str, with_router: bool, traces_dir, with_drafter
             top1 = " / ".join(f"{params['validation'][f'val/top1@{j}']:.1%}" for j in range(recipe.drafter.steps))
             took = ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in params["recipe_seconds"].items())
             click.echo(f"drafter: validation top-1 by draft step {top1}; {took}; features in {features_dir}", err=True)
-    click.echo(f"{source.artifact.path}: stages {', '.join(source.artifact.stages)}")
+    click.echo(f"{path}: stages {', '.join(Artifact.open(path).stages)}")  # the drafter's was written by its own session
 
 
 def parse_group_size(value) -> int | None:

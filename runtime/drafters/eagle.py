@@ -140,6 +140,7 @@ class KernelHead:
         c = self.config = weights.config
         self.keys = torch.zeros(c.kv_heads, CACHE_CAPACITY, c.head_dim)
         self.values = torch.zeros_like(self.keys)
+        self.cos, self.sin = rotary(torch.arange(CACHE_CAPACITY), c.head_dim, c.rope_theta)  # [capacity, hd] each
         self.length = 0
 
     def crop(self, length: int) -> None:
@@ -165,9 +166,11 @@ class KernelHead:
         q = qkv[:, :q_width].reshape(count, c.num_heads, c.head_dim).transpose(0, 1)  # [H, T, hd]
         k = qkv[:, q_width : q_width + kv_width].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
         v = qkv[:, q_width + kv_width :].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
-        positions = torch.arange(start, start + count) if positions is None else positions
-        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
         self._reserve(start + count)
+        if positions is None:
+            cos, sin = self.cos[start : start + count], self.sin[start : start + count]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]  # a tree level's positions: below start + count
         self.keys[:, start : start + count] = apply_rotary(k, cos, sin)
         self.values[:, start : start + count] = v
         self.length = start + count
@@ -209,8 +212,10 @@ class KernelHead:
         return token_ids[top.indices].tolist(), probs.tolist()
 
     def _reserve(self, length: int) -> None:
+        """Room for `length` rows in the cache and the rotary tables (doubling)."""
         if length > self.keys.shape[1]:
             capacity = max(length, 2 * self.keys.shape[1])
+            self.cos, self.sin = rotary(torch.arange(capacity), self.config.head_dim, self.config.rope_theta)
             for name in ("keys", "values"):
                 old = getattr(self, name)
                 new = old.new_zeros(old.shape[0], capacity, old.shape[2])
