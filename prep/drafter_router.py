@@ -30,7 +30,8 @@ from artifacts import StageExists
 from artifacts.format import Stage
 from prep.drafter_train import TextsData
 from prep.router_train import RouterModule, router_clusters
-from prep.router_trainer import fit_and_validate, lightning_flags
+from prep.router_trainer import fit_and_validate, lightning_flags, training_run
+from prep.trace_files import read_index
 from runtime.drafters.eagle import head_from_stage
 from runtime.drafters.eagle_head import NOT_DRAFTED, EagleConfig
 from runtime.drafters.router import HEAD_ROUTER_ONNX_FILE as ONNX_FILE, Router, onnx_bytes
@@ -122,8 +123,10 @@ def train_drafter_router(session, work_dir: str | Path, config: DrafterRouterCon
     sizes = torch.bincount(labels, minlength=int(labels.max()) + 1)
     router = Router(embedding.shape[1], head.config.hidden_size, len(sizes), c.width)
     module = RouterModule(router, embedding, sizes, 0, c.lr, "ce", vocab_size=head.config.draft_vocab)
+    run = training_run(Stage.DRAFTER_ROUTER, session.model.info.name, c,
+                       {"drafter": artifact.tensors_sha256(Stage.DRAFTER), **{folder: read_index(folder) for folder in folders}})
     metrics = fit_and_validate(module, RouterRows(splits, c.batch_size), c.trainer_flags, c.max_steps, Path(work_dir),
-                               c.progress)
+                               c.progress, run)
     router = module.router.cpu().eval()
     graph = onnx_bytes(router)
     out = {

@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, Dataset
 from artifacts import StageExists
 from artifacts.format import Stage
 from prep.recipes import DEFAULTS, DrafterRecipe
-from prep.router_trainer import fit_and_validate, lightning_flags
-from prep.trace_files import load_traces, traces_of
+from prep.router_trainer import fit_and_validate, lightning_flags, training_run
+from prep.trace_files import load_traces, read_index, traces_of
 from prep.traces import SPLITS
 from runtime.backends.layers import RMSNorm
 from runtime.drafters.eagle import stage_tensors
@@ -253,7 +253,8 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
     total = c.epochs * len(data.splits["train"])
     embedding = target.model.get_input_embeddings().weight.detach()  # as stored: gemma3's scale is its module's
     module = DrafterModule(head, embedding, c.steps, c.lr, total)
-    metrics = fit_and_validate(module, data, c.trainer_flags, total, Path(work_dir), c.progress, "drafter")
+    run = training_run(Stage.DRAFTER, session.model.info.name, c, {folder: read_index(folder) for folder in folders})
+    metrics = fit_and_validate(module, data, c.trainer_flags, total, Path(work_dir), c.progress, run, "drafter")
     coverage = float(counts[draft_ids].sum() / counts.sum())
     params = {
         **eagle.params(),

@@ -23,7 +23,7 @@ from artifacts.format import Stage
 from prep.cluster import _compact, spherical_kmeans
 from prep.recipes import RouterRecipe
 from prep.router_loss import positive_clusters, router_loss
-from prep.router_trainer import fit_and_validate, lightning_flags
+from prep.router_trainer import fit_and_validate, lightning_flags, training_run
 from prep.trace_files import load_traces, require_split, traces_of
 from prep.traces import SPLITS, build_traces, parse_layers
 from runtime.common.checks import is_digits
@@ -186,7 +186,8 @@ def train_router(session, traces: str | Path, work_dir: str | Path, config: Rout
     d_h = data.splits["train"].tensors[1].shape[1]
     module = RouterModule(Router(embedding.shape[1], d_h, len(sizes), c.width), embedding, in_clusters, len(always), c.lr,
                           c.loss)
-    metrics = fit_and_validate(module, data, c.trainer_flags, c.max_steps, Path(work_dir), c.progress)
+    run = training_run(Stage.ROUTER, session.model.info.name, c, {"traces": index, "hidden": hidden})
+    metrics = fit_and_validate(module, data, c.trainer_flags, c.max_steps, Path(work_dir), c.progress, run)
     router = module.router.cpu().eval()
     graph = onnx_bytes(router)
     tensors = {

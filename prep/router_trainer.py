@@ -9,7 +9,11 @@ covers every validation row once (several processes would each see a share).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -24,14 +28,18 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from tqdm import tqdm
 
+from artifacts.atomic import atomic_write_bytes
 from runtime.common.checks import is_digits
 
+RUN_FILE = "run.json"  # beside the checkpoints folder: which run wrote them (a hash of its settings and data)
 STRATEGIES = ("auto", "ddp_spawn")
 ACCELERATORS = ("auto", "cpu", "gpu")
 # Lightning's info lines (the device summary, a promotional tip, "`Trainer.fit` stopped"); warnings still show.
 INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 # But one: Lightning's own use of a torch API that torch 2.13 deprecates, which no prep flag can change.
 LIGHTNING_INTERNAL_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+# And its note on a checkpoint folder that holds files: fit_and_validate resumes from them or clears them itself.
+CHECKPOINT_FOLDER_WARNING = r"Checkpoint directory .* exists and is not empty"
 
 
 def lightning_flags(devices: str = "auto", accelerator: str = "auto", precision: str = "32-true",
@@ -70,6 +78,7 @@ def quiet_lightning() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=LIGHTNING_INTERNAL_WARNING)
+            warnings.filterwarnings("ignore", message=CHECKPOINT_FOLDER_WARNING)
             yield
     finally:
         logger.setLevel(level)
@@ -92,6 +101,33 @@ def ctrl_c_kept(trainer: L.Trainer) -> Iterator[None]:
         signal.signal(signal.SIGINT, handler)
 
 
+def training_run(stage: str, model: str, config, data: dict) -> dict:
+    """What identifies a training for resuming: the stage, the model, the config's fields but `progress`, and its data."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k != "progress"}
+    return {"stage": stage, "model": model, "config": settings, "data": data}
+
+
+def resumable_checkpoint(folder: Path, run: dict) -> Path | None:
+    """folder's last checkpoint if the same run (settings and data) wrote it, else None, with folder
+    emptied of another run's checkpoints and this run recorded."""
+    key = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()
+    last, recorded = folder / "last.ckpt", folder.parent / RUN_FILE
+    try:
+        same = json.loads(recorded.read_text(encoding="utf-8")).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if same and last.is_symlink() and last.exists():
+        return last
+    stale = sorted(folder.glob("*.ckpt"))
+    if stale:
+        print(f"{folder}: checkpoints of other settings or data, replaced", file=sys.stderr)
+        for path in stale:
+            path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(recorded, (json.dumps({"key": key}) + "\n").encode())
+    return None
+
+
 class StepBar(L.Callback):
     """One progress bar over the optimizer steps, with the loss (Lightning's own restarts at every epoch)."""
 
@@ -100,8 +136,8 @@ class StepBar(L.Callback):
         self.bar: tqdm | None = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self.bar = tqdm(total=trainer.max_steps, desc=self.name, unit="step", file=sys.stderr,
-                        disable=not trainer.is_global_zero)
+        self.bar = tqdm(total=trainer.max_steps, initial=trainer.global_step, desc=self.name, unit="step", file=sys.stderr,
+                        disable=not trainer.is_global_zero)  # a resumed run starts at its checkpoint's step
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         self.bar.update(trainer.global_step - self.bar.n)
@@ -116,20 +152,26 @@ class StepBar(L.Callback):
 
 
 def fit_and_validate(module: L.LightningModule, data: L.LightningDataModule, flags: dict, max_steps: int,
-                     work_dir: Path, progress: bool, name: str = "router") -> dict[str, float]:
+                     work_dir: Path, progress: bool, run: dict, name: str = "router") -> dict[str, float]:
     """Train for max_steps with `flags`, then validate on one device; returns the validation metrics.
 
+    run: what identifies this training (its settings and data, JSON-able): a checkpoint left under
+    work_dir by the same run (interrupted) is resumed from its last epoch; another run's are replaced.
     name: what the progress bar says it trains.
     CSV logs and checkpoints go under work_dir; the metrics go into the stage's params, not the logs.
     """
-    checkpoints = ModelCheckpoint(dirpath=str(work_dir / "checkpoints"), save_last=True)
+    folder = work_dir / "checkpoints"
+    resume = resumable_checkpoint(folder, run)
+    if resume is not None:
+        print(f"{name}: resuming from {folder / os.readlink(resume)} (an earlier run of these settings)", file=sys.stderr)
+    checkpoints = ModelCheckpoint(dirpath=str(folder), save_last="link")  # last.ckpt links the newest epoch's file
     with quiet_lightning():
         trainer = L.Trainer(max_steps=max_steps, logger=CSVLogger(str(work_dir), name="logs"),
                             callbacks=[checkpoints, *([StepBar(name)] if progress else [])], enable_progress_bar=False,
                             enable_model_summary=False, log_every_n_steps=min(10, max_steps), num_sanity_val_steps=0,
                             **flags)
         with ctrl_c_kept(trainer):
-            trainer.fit(module, datamodule=data)
+            trainer.fit(module, datamodule=data, ckpt_path=None if resume is None else str(resume))
         one_device = {k: flags[k] for k in ("accelerator", "precision") if k in flags}
         validator = L.Trainer(devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                               enable_model_summary=False, **one_device)

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from prep import recipes
 from prep.cli import main as prep_main
 from prep.drafter_recipe import feature_sets, training_precision
+from prep.router_trainer import StepBar
 from prep.trace_files import INDEX_FILE
 from runtime.session import open_session
 from tests.factories import prep_ok, save_tiny_model_dir
@@ -42,6 +43,37 @@ def test_prep_all_with_drafter_runs_the_recipe_and_a_rerun_keeps_it(tmp_path, mo
     again = prep_ok(["all", model, "-o", art, "--with-drafter", "--features", features])
     assert "drafter: already built with these parameters, kept" in again
     assert (features / "responses-pyfunctions-3.json").stat().st_mtime_ns == written
+
+
+def test_an_interrupted_training_resumes_from_its_last_epoch(tmp_path, monkeypatch):
+    """Ctrl-C in the second epoch keeps the first epoch's checkpoint; the same command then resumes
+    from it (other settings would start over) and the head gets every step."""
+    model = save_tiny_model_dir(tmp_path / "model", layers=6)
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(recipes, "DEFAULTS", recipes.Recipe(
+        cluster=recipes.ClusterRecipe(clusters=8, iterations=2, top_m_bias=3),
+        drafter=recipes.DrafterRecipe(**{**TINY_DRAFTER.__dict__, "epochs": 2})))
+    art, features = tmp_path / "art", tmp_path / "features"
+    command = ["all", str(model), "-o", str(art), "--with-drafter", "--features", str(features)]
+
+    def interrupt(self, trainer, module):
+        if trainer.current_epoch == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as mp:
+        mp.setattr(StepBar, "on_train_epoch_start", interrupt, raising=False)
+        stopped = CliRunner().invoke(prep_main, command)
+    assert stopped.exit_code != 0 and "rerun the same command to resume" in stopped.output
+    assert "Traceback" not in stopped.output
+    checkpoints = features / "drafter-train" / "checkpoints"
+    first_epoch = [p.name for p in checkpoints.glob("epoch=0-*.ckpt")]
+    assert first_epoch and (checkpoints / "last.ckpt").resolve().name == first_epoch[0]
+
+    out = prep_ok(command)
+    assert f"drafter: resuming from {checkpoints / first_epoch[0]}" in out
+    params = open_session(art, backend="lean", progress=False).artifact.stage_params("drafter")
+    steps_per_epoch = int(first_epoch[0].split("step=")[1].split(".")[0])
+    assert params["optimizer_steps"] == 2 * steps_per_epoch and params["epochs"] == 2
 
 
 @pytest.mark.parametrize("drafter, fix", [
