@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prep.recipes import DrafterRecipe, RouterRecipe
-from prep.responses import SOURCES as RESPONSE_SOURCES
+from prep.responses import NEW_TOKENS, SOURCES as RESPONSE_SOURCES
 from prep.traces import CODE_CORPUS
+from runtime.common.checks import is_digits
 
 RAW_CORPORA = ("sharegpt", CODE_CORPUS)  # HumanEval stays held out of every training set
 RESPONSES_MAX_TOKENS = 1_000_000  # a responses file is traced whole (its texts are cut per text only)
-RESPONSE_TOKENS = 128  # new tokens per response, prep responses' default
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # where bf16-mixed trained ~7x faster than fp32 (Zen 4: docs/draft-head.md)
 
 
@@ -42,7 +42,7 @@ def recipe_entries(entries: list[str], key: str, allowed: tuple[str, ...], what:
     pairs = []
     for entry in entries:
         name, _, count = entry.partition(":")
-        if name not in allowed or not count.isdigit() or int(count) < 1:
+        if name not in allowed or not is_digits(count) or int(count) < 1:
             raise ValueError(f"[drafter] {key}: {entry!r} should be NAME:{what} with NAME one of {', '.join(allowed)} "
                              f"and {what} >= 1, e.g. {allowed[0]}:100")
         pairs.append((name, int(count)))
@@ -99,7 +99,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
         engine = api.load(artifact.path)
         for s in missing:
             print(f"drafter data: {s.prompts} responses to {s.source} prompts -> {s.corpus}", file=sys.stderr)
-            write_responses(engine, s.source, s.prompts, RESPONSE_TOKENS, s.corpus)
+            write_responses(engine, s.source, s.prompts, NEW_TOKENS, s.corpus)
         del engine
     seconds["responses"] = round(time.perf_counter() - started, 1)
     started = time.perf_counter()

@@ -143,6 +143,7 @@ def _section(defaults, table: dict[str, Any], where: str):
     """`defaults` (a section dataclass) with the table's values, each key known and of its field's type."""
     hints = get_type_hints(type(defaults))
     known = [f.name for f in dataclasses.fields(defaults)]
+    values = dict(table)
     for key, value in table.items():
         if key not in known:
             raise RecipeError(f"{where}: unknown key {key!r}; valid keys: {', '.join(known)}")
@@ -150,10 +151,10 @@ def _section(defaults, table: dict[str, Any], where: str):
             item = get_args(hints[key])[0]
             if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
                 raise RecipeError(f"{where}: {key} = {value!r} should be a list of {item.__name__}")
-            table = {**table, key: tuple(value)}
+            values[key] = tuple(value)
             continue
         allowed = tuple(getattr(hints[key], "__args__", (hints[key],)))
         if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):  # True is an int too
             kinds = " or ".join(t.__name__ for t in allowed)
             raise RecipeError(f"{where}: {key} = {value!r} should be {kinds}")
-    return dataclasses.replace(defaults, **table)
+    return dataclasses.replace(defaults, **values)

@@ -29,6 +29,7 @@ CODE_PROMPT_CHARS = 600  # a source file's opening: imports, a docstring, the fi
 FUNCTIONS_SOURCE = "pyfunctions"
 FUNCTIONS_PER_FILE = 2  # spread the prompts over the library
 MAX_IMPORT_LINES = 6
+NEW_TOKENS = 128  # per response, by default: about a bench answer
 SOURCES = ("sharegpt", CODE_CORPUS, FUNCTIONS_SOURCE)
 
 

@@ -80,6 +80,7 @@ def test_an_interrupted_training_resumes_from_its_last_epoch(tmp_path, monkeypat
     (recipes.DrafterRecipe(responses=("humaneval:10",)), "responses: 'humaneval:10' should be NAME:PROMPTS"),
     (recipes.DrafterRecipe(responses=(), corpora=("humaneval:1000",)), "corpora: 'humaneval:1000' should be NAME:TOKENS"),
     (recipes.DrafterRecipe(responses=("sharegpt:0",)), "PROMPTS >= 1"),
+    (recipes.DrafterRecipe(responses=("sharegpt:\u00b2",)), "PROMPTS >= 1"),
     (recipes.DrafterRecipe(responses=("sharegpt:5", "sharegpt:6")), "each name at most once"),
     (recipes.DrafterRecipe(responses=(), corpora=()), "names no training data"),
 ])

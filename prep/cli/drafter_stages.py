@@ -10,7 +10,7 @@ from artifacts.format import Stage
 from prep import stages
 from prep.cli import SEED, clean_errors, main, model_argument
 from prep.recipes import load_recipe, overridden
-from prep.responses import SOURCES as RESPONSE_SOURCES
+from prep.responses import NEW_TOKENS, SOURCES as RESPONSE_SOURCES
 from prep.router_loss import LOSSES
 from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
@@ -312,7 +312,7 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
               help="ShareGPT train-split first turns (chat template), openings of the standard library's source, or its "
                    "functions cut after their docstrings (HumanEval's shape, not HumanEval).")
 @click.option("-n", "--prompts", "count", type=COUNT, default=100, show_default=True, help="How many prompts.")
-@click.option("--max-new-tokens", type=COUNT, default=128, show_default=True)
+@click.option("--max-new-tokens", type=COUNT, default=NEW_TOKENS, show_default=True)
 @click.option("-o", "--out", required=True, help="JSON corpus file to write ([{\"text\": ...}]), for prep traces --corpus.")
 @click.option("--force", is_flag=True, help="Replace an existing file at -o.")
 @clean_errors
