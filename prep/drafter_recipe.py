@@ -63,10 +63,10 @@ def feature_sets(recipe: DrafterRecipe, features_dir: str | Path) -> list[Featur
     return sets
 
 
-def training_precision(recipe: DrafterRecipe, cpu_flags: frozenset[str]) -> str:
-    """The recipe's Lightning precision; "auto": bf16-mixed where the CPU multiplies bfloat16 natively, else 32-true."""
-    if recipe.precision != "auto":
-        return recipe.precision
+def training_precision(precision: str, cpu_flags: frozenset[str]) -> str:
+    """A Lightning precision, "auto" resolved: bf16-mixed where the CPU multiplies bfloat16 natively, else 32-true."""
+    if precision != "auto":
+        return precision
     return "bf16-mixed" if cpu_flags & set(BF16_FLAGS) else "32-true"
 
 
@@ -87,7 +87,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
     from runtime.session import open_session
 
     sets = feature_sets(recipe, features_dir)
-    flags = lightning_flags(precision=training_precision(recipe, cpu_flags()))  # refused now, not after the data
+    flags = lightning_flags(precision=training_precision(recipe.precision, cpu_flags()))  # refused now, not after the data
     Path(features_dir).mkdir(parents=True, exist_ok=True)
     seconds = {"responses": 0.0, "features": 0.0}
     started = time.perf_counter()

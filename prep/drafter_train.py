@@ -266,6 +266,7 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
         "epochs": c.epochs,
         "optimizer_steps": int(module.steps_taken),
         "lr": c.lr,
+        "precision": c.trainer_flags["precision"],
         "seed": c.seed,
         "draft_vocab_coverage": round(coverage, 4),
         "validation": metrics,

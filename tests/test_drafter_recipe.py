@@ -104,7 +104,7 @@ def test_the_drafter_data_are_recipe_lists_and_features_go_beside_the_artifact(t
 
 def test_auto_precision_is_bf16_where_the_cpu_has_it():
     auto = recipes.DrafterRecipe()
-    assert training_precision(auto, frozenset({"avx2", "avx512_bf16"})) == "bf16-mixed"
-    assert training_precision(auto, frozenset({"avx2", "amx_bf16"})) == "bf16-mixed"
-    assert training_precision(auto, frozenset({"avx2", "avx512f"})) == "32-true"
-    assert training_precision(recipes.DrafterRecipe(precision="32-true"), frozenset({"avx512_bf16"})) == "32-true"
+    assert training_precision(auto.precision, frozenset({"avx2", "avx512_bf16"})) == "bf16-mixed"
+    assert training_precision(auto.precision, frozenset({"avx2", "amx_bf16"})) == "bf16-mixed"
+    assert training_precision(auto.precision, frozenset({"avx2", "avx512f"})) == "32-true"
+    assert training_precision(recipes.DrafterRecipe(precision="32-true").precision, frozenset({"avx512_bf16"})) == "32-true"

@@ -12,8 +12,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.drafter_train import chain_acceptance
+from prep.recipes import load_recipe
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, EagleHead, feature_layers
@@ -46,6 +48,15 @@ def trained(tmp_path_factory):
                       "--devices", 1, "--accelerator", "cpu"])
         session = open_session(art, backend="lean", progress=False)
     return session, features, out
+
+
+def test_train_drafter_trains_at_the_recipe_precision(trained):
+    session, _, _ = trained
+    from prep.drafter_recipe import training_precision
+    from runtime.kernels import cpu_flags
+
+    expected = training_precision(load_recipe("a-model-without-a-recipe").drafter.precision, cpu_flags())
+    assert session.artifact.stage_params(Stage.DRAFTER)["precision"] == expected
 
 
 def test_features_are_the_residual_stream_entering_the_tapped_layers(trained):

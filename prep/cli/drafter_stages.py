@@ -16,13 +16,25 @@ from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
 
 
-def lightning_options(command):
-    """The Lightning flags train-router and train-drafter pass through (checked by prep.router_trainer.lightning_flags), and --seed."""
+PRECISION_HELP = "Lightning precision (32-true, bf16-mixed, ...)"
+RECIPE_PRECISION_HELP = (f"{PRECISION_HELP}, or auto: bf16-mixed where the CPU multiplies bfloat16 natively "
+                         "(AVX512-BF16, AMX-BF16), else 32-true (default: the recipe's)")
+
+
+def lightning_options(command=None, *, precision_from_recipe: bool = False):
+    """The Lightning flags the training commands pass through (checked by prep.router_trainer.lightning_flags), and --seed.
+
+    precision_from_recipe: --precision defaults to the recipe's and takes auto (train-drafter);
+    otherwise it defaults to 32-true.
+    """
+    if command is None:
+        return lambda c: lightning_options(c, precision_from_recipe=precision_from_recipe)
+    precision = (click.option("--precision", default=None, help=RECIPE_PRECISION_HELP + ".") if precision_from_recipe
+                 else click.option("--precision", default="32-true", show_default=True, help=PRECISION_HELP + "."))
     for option in reversed([
         click.option("--devices", default="auto", show_default=True, help="Lightning devices: a number (1, 2) or auto."),
         click.option("--accelerator", default="auto", show_default=True, help="Lightning accelerator: cpu, gpu or auto."),
-        click.option("--precision", default="32-true", show_default=True,
-                     help="Lightning precision (32-true, bf16-mixed, ...)."),
+        precision,
         click.option("--strategy", default="auto", show_default=True,
                      help="Lightning strategy: auto (ddp_spawn for several devices) or ddp_spawn; ddp re-runs the "
                           "command, refused."),
@@ -196,12 +208,12 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
               help="Training-time-test depth, draft steps unrolled (default: the recipe's).")
 @click.option("--epochs", type=COUNT, default=None, help="Default: the recipe's.")
 @click.option("--lr", type=Number(0, low_open=True), default=None, help="Default: the recipe's.")
-@lightning_options
+@lightning_options(precision_from_recipe=True)
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: FEATURES/drafter-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing drafter stage.")
 @clean_errors
 def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, intermediate, steps, epochs, lr,
-                          devices: str, accelerator: str, precision: str, strategy: str,
+                          devices: str, accelerator: str, precision, strategy: str,
                           seed: int, work_dir, force: bool) -> None:
     """Train the EAGLE-3 draft head on the target's features (Lightning) and write stage `drafter`.
 
@@ -210,18 +222,20 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, 
     prep train-drafter art/g270 --features features/g270 --features features/g270-code
     runtime generate art/g270 --method spec:eagle+csv:screen4 --prompt "def fib(n):"
     """
+    from prep.drafter_recipe import training_precision
     from prep.drafter_train import DrafterConfig, train_drafter
     from prep.router_trainer import lightning_flags
     from prep.trace_files import traces_of
+    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
-    flags = lightning_flags(devices, accelerator, precision, strategy)
     with stages.adding_stage(artifact, Stage.DRAFTER, force) as art:
         for folder in folders:
             traces_of(folder, art.model.name, art.model.vocab_size)
+        cfg = overridden(load_recipe(art.model.name).drafter, draft_vocab=draft_vocab, steps=steps, epochs=epochs,
+                         lr=lr, precision=precision)
+        flags = lightning_flags(devices, accelerator, training_precision(cfg.precision, cpu_flags()), strategy)
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
-        cfg = overridden(load_recipe(session.model.info.name).drafter, draft_vocab=draft_vocab, steps=steps,
-                         epochs=epochs, lr=lr)
         config = DrafterConfig.from_recipe(cfg, intermediate_size=intermediate, seed=seed, trainer_flags=flags)
         params = train_drafter(session, list(folders), work_dir or Path(folders[0]) / "drafter-train", config, force)
     validation = params["validation"]
