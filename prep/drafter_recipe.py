@@ -5,8 +5,9 @@ responses to that many training prompts of prep responses' sources) and `corpora
 raw text of ShareGPT or the standard library's source, never HumanEval). Each becomes a features
 folder under one data folder (FEATURES/responses-SOURCE-N.json, FEATURES/self-SOURCE, FEATURES/CORPUS),
 the same files the separate commands write (docs/draft-head.md, "Making one"). A rerun reuses what is
-there: a responses file of the same name, every intact trace shard; then the head trains on all the
-folders with the recipe's epochs and draft vocabulary and stage `drafter` is written.
+there: a responses file of the same name, the responses an interrupted run finished, every intact
+trace shard; then the head trains on all the folders with the recipe's epochs and draft vocabulary
+and stage `drafter` is written.
 """
 
 from __future__ import annotations

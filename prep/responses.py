@@ -8,6 +8,9 @@ a signature and a docstring for the target to implement, the shape of a HumanEva
 HumanEval, which stays held out). Each response is
 decoded with the artifact's default method, whose greedy tokens are the target's own. The file is
 a JSON list of {"text": prompt text + response}, written atomically once every prompt is done.
+Until then each finished response is appended to OUT.partial (JSON lines after a line of the
+settings), so an interrupted run resumes where it stopped: greedy responses do not depend on when
+they were decoded.
 """
 
 from __future__ import annotations
@@ -62,15 +65,58 @@ def function_prompts(sources) -> Iterator[str]:
             yield f"{header}\n\n\n{function}\n" if header else f"{function}\n"
 
 
+def partial_path(out: str | Path) -> Path:
+    """Where write_responses keeps the responses finished so far: OUT.partial."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
+def finished_responses(partial: Path, settings: dict) -> list[dict]:
+    """The responses a run of the same settings finished ({"text", "tokens"} each), up to the first torn line;
+    none, with a line saying so, if another run's settings wrote the file."""
+    try:
+        lines = partial.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break  # a line cut by the interrupt, and whatever follows it
+    if not records or records[0] != settings:
+        print(f"{partial}: responses of other settings, started over", file=sys.stderr)
+        return []
+    finished = records[1:]
+    if not all(isinstance(r, dict) and isinstance(r.get("text"), str) and isinstance(r.get("tokens"), int)
+               for r in finished):
+        print(f"{partial}: not a responses file of this version, started over", file=sys.stderr)
+        return []
+    return finished
+
+
 def write_responses(engine, source: str, count: int, max_new_tokens: int, out: str | Path) -> int:
-    """Decode `count` prompts of `source` greedily and write the corpus file; returns its token count."""
+    """Decode `count` prompts of `source` greedily and write the corpus file, resuming OUT.partial; returns its token count."""
     prompts = training_prompts(source, count)
     templated = bool(getattr(engine.tokenizer, "chat_template", None))  # a base model (gemma3-270m) has none
-    texts, tokens = [], 0
-    for prompt, chat in tqdm(prompts, desc="responses", unit="prompt", file=sys.stderr):
-        ids = engine.encode(prompt, chat and templated)
-        generation = engine.generate(ids.tolist(), max_new_tokens=max_new_tokens).wait()
-        texts.append({"text": engine.tokenizer.decode(ids.tolist() + generation.tokens, skip_special_tokens=False)})
-        tokens += ids.numel() + len(generation.tokens)
+    settings = {"model": engine.session.model.info.name, "source": source, "count": count,
+                "max_new_tokens": max_new_tokens, "chat_template": templated}
+    partial = partial_path(out)
+    finished = finished_responses(partial, settings)
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in [settings, *finished]]
+    atomic_write_bytes(partial, "".join(lines).encode())  # without a torn last line
+    with partial.open("a", encoding="utf-8") as log:
+        for prompt, chat in tqdm(prompts[len(finished):], desc="responses", unit="prompt", file=sys.stderr,
+                                 initial=len(finished), total=len(prompts)):
+            ids = engine.encode(prompt, chat and templated)
+            generation = engine.generate(ids.tolist(), max_new_tokens=max_new_tokens).wait()
+            text = engine.tokenizer.decode(ids.tolist() + generation.tokens, skip_special_tokens=False)
+            finished.append({"text": text, "tokens": ids.numel() + len(generation.tokens)})
+            log.write(json.dumps(finished[-1], ensure_ascii=False) + "\n")
+            log.flush()
+    texts = [{"text": r["text"]} for r in finished]
     atomic_write_bytes(Path(out), (json.dumps(texts, ensure_ascii=False) + "\n").encode())
-    return tokens
+    partial.unlink()
+    return sum(r["tokens"] for r in finished)

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
-from prep.responses import FUNCTIONS_PER_FILE, function_prompts, training_prompts
+from prep.responses import FUNCTIONS_PER_FILE, function_prompts, partial_path, training_prompts, write_responses
 from tests.factories import prep_ok, save_tiny_model_dir, tiny_artifact
 
 SOURCE = '''"""A module."""
@@ -81,3 +81,50 @@ def test_responses_writes_prompt_and_response_and_keeps_an_existing_file(tmp_pat
     before = out.read_text()
     refused = CliRunner().invoke(prep_main, ["responses", str(art), "-n", "1", "-o", str(out)])
     assert refused.exit_code != 0 and "--force" in refused.output and out.read_text() == before
+
+
+class Interrupted(Exception):
+    """Stands for the Ctrl-C that stops a run part way."""
+
+
+def interrupted_after(engine, calls: int):
+    """The engine, its generate raising Interrupted on the call after `calls`."""
+    generate, made = engine.generate, []
+
+    def counted(*args, **kwargs):
+        if len(made) == calls:
+            raise Interrupted
+        made.append(1)
+        return generate(*args, **kwargs)
+
+    engine.generate = counted
+    return engine
+
+
+def test_an_interrupted_run_resumes_its_finished_responses_and_writes_what_one_run_writes(tmp_path, monkeypatch):
+    from runtime import api
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    art = tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path)
+    whole, resumed = tmp_path / "whole.json", tmp_path / "resumed.json"
+    tokens = write_responses(api.load(art), "pyfunctions", 4, 4, whole)
+    with pytest.raises(Interrupted):
+        write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 4, 4, resumed)
+    assert not resumed.exists() and len(partial_path(resumed).read_text().splitlines()) == 1 + 2  # settings + 2
+    with partial_path(resumed).open("a") as f:
+        f.write('{"text": "cut by the interr')  # a torn last line is dropped, not read
+    assert write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 4, 4, resumed) == tokens  # 2 left
+    assert resumed.read_text() == whole.read_text() and not partial_path(resumed).exists()
+
+
+def test_a_partial_file_of_other_settings_is_started_over(tmp_path, monkeypatch, capsys):
+    from runtime import api
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    art = tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path)
+    out = tmp_path / "responses.json"
+    with pytest.raises(Interrupted):
+        write_responses(interrupted_after(api.load(art), 1), "pyfunctions", 3, 4, out)
+    write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 2, 4, out)  # another count: all 2 anew
+    assert "responses of other settings, started over" in capsys.readouterr().err
+    assert len(json.loads(out.read_text())) == 2

@@ -329,7 +329,7 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
 @click.option("--max-new-tokens", type=COUNT, default=NEW_TOKENS, show_default=True)
 @click.option("-o", "--out", required=True, help="JSON corpus file to write ([{\"text\": ...}]), for prep traces --corpus.")
 @click.option("--force", is_flag=True, help="Replace an existing file at -o.")
-@clean_errors
+@clean_errors(interrupted="the finished responses are kept in OUT.partial: rerun the same command to resume")
 def responses_command(artifact: str, source: str, count: int, max_new_tokens: int, out: str, force: bool) -> None:
     """Write the target's own greedy responses to training prompts: self-distillation text for the draft head.
 
