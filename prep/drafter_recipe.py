@@ -80,9 +80,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
     """
     from prep.drafter_train import DrafterConfig, train_drafter
     from prep.router_trainer import lightning_flags
-    from prep.traces import build_traces
-    from runtime.backends.hf import TransformersTarget
-    from runtime.backends.lean import model_eos_ids
+    from prep.traces import build_traces, teacher_target
     from runtime.drafters.eagle_head import feature_layers
     from runtime.kernels import cpu_flags
     from runtime.session import open_session
@@ -104,7 +102,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
         del engine
     seconds["responses"] = round(time.perf_counter() - started, 1)
     started = time.perf_counter()
-    target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
+    target = teacher_target(loaded)
     taps = feature_layers(loaded.model.config.num_hidden_layers)
     for s in sets:
         print(f"drafter data: features of {s.corpus} -> {s.folder}", file=sys.stderr)

@@ -25,7 +25,7 @@ from prep.recipes import RouterRecipe
 from prep.router_loss import positive_clusters, router_loss
 from prep.router_trainer import fit_and_validate, lightning_flags, training_run
 from prep.trace_files import load_traces, require_split, traces_of
-from prep.traces import SPLITS, build_traces, parse_layers
+from prep.traces import SPLITS, build_traces, parse_layers, teacher_target
 from runtime.common.checks import is_digits
 from runtime.drafters.router import ONNX_FILE, Router, onnx_bytes
 
@@ -224,10 +224,8 @@ def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, 
     The traces are resumed if begun (rebuilt where `force` allows); `prep all --traces` names their folder.
     """
     from runtime.session import Session
-    from runtime.backends.hf import TransformersTarget
-    from runtime.backends.lean import model_eos_ids
 
-    target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
+    target = teacher_target(loaded)
     build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, traces, cfg.max_tokens,
                  max_tokens_per_text=cfg.max_tokens_per_text, drafter_layers=parse_layers(cfg.drafter_layers),
                  force=force, option="--traces", progress=progress)

@@ -113,6 +113,13 @@ def corpus_file_texts(corpus: str) -> list[str]:
     return texts
 
 
+def teacher_target(loaded) -> TransformersTarget:
+    """A loaded model (runtime.models.load_model) as the teacher-forced target traces run, stopping at its own EOS ids."""
+    from runtime.backends.lean import model_eos_ids
+
+    return TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
+
+
 def check_corpus(corpus: str) -> None:
     """Refuse, before the model loads, a corpus that is not packaged and not a file of texts."""
     if corpus not in PACKAGED_SOURCES and corpus != CODE_CORPUS:

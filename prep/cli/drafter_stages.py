@@ -68,10 +68,8 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     prep traces gemma3-270m --corpus pystdlib --features -o features/g270-code --max-tokens 40000
     """
     from prep.trace_files import check_traces_folder
-    from prep.traces import build_traces, check_corpus, parse_layers
+    from prep.traces import build_traces, check_corpus, parse_layers, teacher_target
     from runtime.models import load_model
-    from runtime.backends.hf import TransformersTarget
-    from runtime.backends.lean import model_eos_ids
     from runtime.drafters.eagle_head import feature_layers
 
     cfg = overridden(load_recipe(model).router, corpus=corpus, max_tokens=max_tokens,
@@ -80,7 +78,7 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     check_corpus(cfg.corpus)
     check_traces_folder(out, "-o")
     loaded = load_model(model)
-    target = TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
+    target = teacher_target(loaded)
     taps = feature_layers(loaded.model.config.num_hidden_layers) if features else ()
     index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
                          cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps)
