@@ -243,6 +243,27 @@ def test_export_is_an_eagle3_checkpoint_folder(trained, tmp_path):
     assert result.exit_code != 0 and "--force" in result.output
 
 
+def test_export_loads_in_readers_written_from_vllm_and_sglang(trained, tmp_path):
+    """Every exported tensor lands on a parameter of the shape vLLM's and SGLang's one-layer head allocate from
+    config.json, every parameter is filled, and both map the draft rows to the stage's target ids."""
+    import safetensors.torch
+
+    from tests.eagle3_loaders import sglang_read, vllm_read
+
+    session, _, _ = trained
+    out = tmp_path / "head"
+    prep_ok(["export-drafter", session.artifact.path, "-o", out])
+    config = json.loads((out / "config.json").read_text())
+    weights = safetensors.torch.load_file(out / "model.safetensors")
+    draft_ids = torch.nonzero(session.artifact.read_stage("drafter")["t2d"]).view(-1)  # [Vd], ascending
+    assert torch.equal(vllm_read(config, weights) + torch.arange(draft_ids.numel()), draft_ids)
+    assert torch.equal(sglang_read(config, weights), draft_ids)
+    renamed = {("midlayer.self_attn.q_proj.weight" if k == "midlayer.self_attn.k_proj.weight" else k): v
+               for k, v in weights.items() if k != "midlayer.self_attn.q_proj.weight"}  # k's tensor where q's goes
+    with pytest.raises(AssertionError, match="qkv_proj.weight shard q"):
+        vllm_read(config, renamed)
+
+
 @pytest.mark.parametrize("method", ["spec:eagle:gamma=2", "spec:eagle:dynaspec=2:gamma=2", "swarm:eagle:3:gamma=2:nodes=5"])
 def test_sampled_eagle_follows_the_target_distribution(request, method):
     """At temperature 0.7 the second token (the first a verify round decides, over eagle's draft) follows the
