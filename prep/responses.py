@@ -78,8 +78,9 @@ def finished_responses(partial: Path, settings: dict) -> list[dict]:
         lines = partial.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         return []
-    except (OSError, UnicodeDecodeError):
-        lines = []
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"{partial}: unreadable ({e}), started over", file=sys.stderr)
+        return []
     records = []
     for line in lines:
         try:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.drafter_train import chain_acceptance
-from prep.recipes import load_recipe
+from prep.recipes import DEFAULTS
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, EagleHead, feature_layers
@@ -55,7 +55,7 @@ def test_train_drafter_trains_at_the_recipe_precision(trained):
     from prep.drafter_recipe import training_precision
     from runtime.kernels import cpu_flags
 
-    expected = training_precision(load_recipe("a-model-without-a-recipe").drafter.precision, cpu_flags())
+    expected = training_precision(DEFAULTS.drafter.precision, cpu_flags())  # the tiny model has no recipe
     assert session.artifact.stage_params(Stage.DRAFTER)["precision"] == expected
 
 
