@@ -83,7 +83,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
     from prep.traces import build_traces, teacher_target
     from runtime.drafters.eagle_head import feature_layers
     from runtime.kernels import cpu_flags
-    from runtime.session import open_session
+    from runtime.session import model_spec_of, open_session
 
     sets = feature_sets(recipe, features_dir)
     flags = lightning_flags(precision=training_precision(recipe.precision, cpu_flags()))  # refused now, not after the data
@@ -98,7 +98,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
         engine = api.load(artifact.path)
         for s in missing:
             print(f"drafter data: {s.prompts} responses to {s.source} prompts -> {s.corpus}", file=sys.stderr)
-            write_responses(engine, s.source, s.prompts, NEW_TOKENS, s.corpus)
+            write_responses(engine, s.source, s.prompts, NEW_TOKENS, s.corpus, workers=None)
         del engine
     seconds["responses"] = round(time.perf_counter() - started, 1)
     started = time.perf_counter()
@@ -108,7 +108,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
         print(f"drafter data: features of {s.corpus} -> {s.folder}", file=sys.stderr)
         build_traces(target, loaded.tokenizer, loaded.info.name, s.corpus, s.folder, s.max_tokens,
                      max_tokens_per_text=router.max_tokens_per_text, force=force, option="--features",
-                     feature_layers=taps)
+                     feature_layers=taps, workers=None, model=model_spec_of(artifact))
     seconds["features"] = round(time.perf_counter() - started, 1)
     session = open_session(artifact.path, backend="transformers")  # training reads the fp32 weights
     config = DrafterConfig.from_recipe(recipe, trainer_flags=flags)

@@ -25,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from artifacts.atomic import atomic_write_bytes
+from prep.core_pool import map_on_cores, worker_count
 from prep.traces import CODE_CORPUS, stdlib_sources, stdlib_texts
 from runtime.text.data import sharegpt_prompts
 
@@ -98,8 +99,14 @@ def finished_responses(partial: Path, settings: dict) -> list[dict]:
     return finished
 
 
-def write_responses(engine, source: str, count: int, max_new_tokens: int, out: str | Path) -> int:
-    """Decode `count` prompts of `source` greedily and write the corpus file, resuming OUT.partial; returns its token count."""
+def write_responses(engine, source: str, count: int, max_new_tokens: int, out: str | Path,
+                    workers: int | None = 1) -> int:
+    """Decode `count` prompts of `source` greedily and write the corpus file, resuming OUT.partial; returns its token count.
+
+    workers: 1 decodes with `engine`; more decode on that many single-threaded processes, one per core
+    (prep.core_pool), each loading the engine's artifact: the same tokens, written in the same order.
+    None: prep.core_pool.worker_count's choice for the job.
+    """
     prompts = training_prompts(source, count)
     templated = bool(getattr(engine.tokenizer, "chat_template", None))  # a base model (gemma3-270m) has none
     settings = {"model": engine.session.model.info.name, "source": source, "count": count,
@@ -109,15 +116,33 @@ def write_responses(engine, source: str, count: int, max_new_tokens: int, out: s
     lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in [settings, *finished]]
     atomic_write_bytes(partial, "".join(lines).encode())  # without a torn last line
     with partial.open("a", encoding="utf-8") as log:
-        for prompt, chat in tqdm(prompts[len(finished):], desc="responses", unit="prompt", file=sys.stderr,
-                                 initial=len(finished), total=len(prompts)):
-            ids = engine.encode(prompt, chat and templated)
-            generation = engine.generate(ids.tolist(), max_new_tokens=max_new_tokens).wait()
-            text = engine.tokenizer.decode(ids.tolist() + generation.tokens, skip_special_tokens=False)
-            finished.append({"text": text, "tokens": ids.numel() + len(generation.tokens)})
-            log.write(json.dumps(finished[-1], ensure_ascii=False) + "\n")
+        asks = [(prompt, chat and templated, max_new_tokens) for prompt, chat in prompts[len(finished):]]
+        if worker_count(workers, len(asks) * max_new_tokens) == 1:
+            answers = (respond(engine, ask) for ask in asks)
+        else:
+            answers = map_on_cores(worker_count(workers, len(asks) * max_new_tokens), load_engine, (str(engine.session.artifact.path),), respond, asks)
+        for answer in tqdm(answers, desc="responses", unit="prompt", file=sys.stderr,
+                           initial=len(finished), total=len(prompts)):
+            finished.append(answer)
+            log.write(json.dumps(answer, ensure_ascii=False) + "\n")
             log.flush()
     texts = [{"text": r["text"]} for r in finished]
     atomic_write_bytes(Path(out), (json.dumps(texts, ensure_ascii=False) + "\n").encode())
     partial.unlink()
     return sum(r["tokens"] for r in finished)
+
+
+def load_engine(artifact: str):
+    """A worker's engine: the artifact and its own model, decoding on one thread."""
+    from runtime import api
+
+    return api.load(artifact, threads=1, progress=False)
+
+
+def respond(engine, ask: tuple[str, bool, int]) -> dict:
+    """The greedy response to one (prompt, through the chat template?, max new tokens): {"text", "tokens"}."""
+    prompt, chat, max_new_tokens = ask
+    ids = engine.encode(prompt, chat)
+    generation = engine.generate(ids.tolist(), max_new_tokens=max_new_tokens).wait()
+    text = engine.tokenizer.decode(ids.tolist() + generation.tokens, skip_special_tokens=False)
+    return {"text": text, "tokens": ids.numel() + len(generation.tokens)}

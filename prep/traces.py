@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 import sysconfig
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -39,6 +40,7 @@ from tqdm import tqdm
 
 from artifacts.atomic import atomic_write
 from artifacts.writing import save_tensors
+from prep.core_pool import map_on_cores, worker_count
 from prep.trace_files import (CHECKSUM_FIELDS, INDEX_FILE, TRACES_FORMAT, read_index, remove_unlisted_shards, shard_checksum,
                               shard_intact, shard_name, write_index, writing_traces)
 from runtime.text.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
@@ -211,14 +213,25 @@ def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[
     return tensors
 
 
-def run_shard(target: TransformersTarget, plan: ShardPlan, drafter_layers: list[int], bar: tqdm | None = None,
-              feature_layers: list[int] = ()) -> dict[str, torch.Tensor]:
-    """Trace every text of a shard; rows of all texts concatenated, `doc` says whose row it is."""
+def load_teacher(model: str) -> TransformersTarget:
+    """A worker's teacher target: `model` (a load_model argument) loaded in this process."""
+    from runtime.models import load_model
+
+    return teacher_target(load_model(model, progress=False))
+
+
+def trace_item(target: TransformersTarget, item: tuple[list[int], list[int], list[int]]) -> dict[str, torch.Tensor]:
+    """trace_text of one (ids, drafter_layers, feature_layers): what a worker maps."""
+    return trace_text(target, *item)
+
+
+def run_shard(plan: ShardPlan, traced: Iterator[dict[str, torch.Tensor]], bar: tqdm) -> dict[str, torch.Tensor]:
+    """A shard's tensors from its texts' traces, the next len(plan.ids) of `traced`: rows of all texts
+    concatenated, `doc` says whose row it is."""
     parts = []
     for ids in plan.ids:
-        parts.append(trace_text(target, ids, drafter_layers, feature_layers))
-        if bar is not None:
-            bar.update(len(ids))
+        parts.append(next(traced))
+        bar.update(len(ids))
     tensors = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
     tensors["doc"] = torch.cat([torch.full((len(ids),), doc, dtype=torch.int32) for doc, ids in zip(plan.docs, plan.ids)])
     tensors["split"] = torch.cat(
@@ -253,12 +266,17 @@ def build_traces(
     option: str = "-o",
     progress: bool = True,
     feature_layers: tuple[int, ...] = (),
+    workers: int | None = 1,
+    model: str | None = None,
 ) -> dict:
     """Write (or complete) a traces folder; returns its index.
 
     `force` allows a rerun that changes settings or removes or shortens traces: every shard whose
     entry changed is rebuilt, intact ones of the same settings are kept, and the shard files the new
     index does not list are deleted. `option` is the flag that named the folder, for error lines.
+    `workers` > 1 traces the texts on that many single-threaded processes, one per core
+    (prep.core_pool), each loading `model` (a load_model argument) as `target` was loaded; None:
+    prep.core_pool.worker_count's choice for the job.
     """
     layers = getattr(target.body.config, "num_hidden_layers", 0)
     for n in drafter_layers:
@@ -294,8 +312,15 @@ def build_traces(
         # The intact shards already written to their plans (checked once: a shard's sha256 reads the file).
         kept = {p.name: e for p in plans if (e := done.get(p.name)) is not None and _planned(e) == p.entry()
                 and shard_intact(out / p.name, e)}
-        with tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok", disable=not progress,
-                  file=sys.stderr) as bar:
+        items = [(ids, settings["drafter_layers"], list(feature_layers))
+                 for plan in plans if plan.name not in kept for ids in plan.ids]
+        workers = worker_count(workers, sum(len(ids) for ids, _, _ in items))
+        if workers == 1:
+            traced = (trace_item(target, item) for item in items)
+        else:
+            traced = map_on_cores(workers, load_teacher, (model,), trace_item, items)
+        with closing(traced), tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok",
+                                   disable=not progress, file=sys.stderr) as bar:
             for position, plan in enumerate(plans):
                 entry = kept.get(plan.name)
                 if entry is not None:
@@ -304,7 +329,7 @@ def build_traces(
                     if (out / INDEX_FILE).exists():  # no index may list a shard while it is rewritten; later kept ones stay
                         later = [kept[p.name] for p in plans[position + 1:] if p.name in kept]
                         write_index(out, {**index, "shards": index["shards"] + later})
-                    tensors = run_shard(target, plan, settings["drafter_layers"], bar, list(feature_layers))
+                    tensors = run_shard(plan, traced, bar)
                     atomic_write(out / plan.name, lambda tmp: save_tensors(tensors, tmp))
                     entry = {**plan.entry(), **shard_checksum(out / plan.name)}
                 index["shards"].append(entry)

@@ -128,3 +128,15 @@ def test_a_partial_file_of_other_settings_is_started_over(tmp_path, monkeypatch,
     write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 2, 4, out)  # another count: all 2 anew
     assert "responses of other settings, started over" in capsys.readouterr().err
     assert len(json.loads(out.read_text())) == 2
+
+
+def test_responses_on_two_processes_are_the_ones_one_process_writes(tmp_path, monkeypatch):
+    from runtime import api
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    art = tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path)
+    alone, shared = tmp_path / "alone.json", tmp_path / "shared.json"
+    tokens = write_responses(api.load(art), "pyfunctions", 5, 6, alone)
+    assert write_responses(api.load(art), "pyfunctions", 5, 6, shared, workers=2) == tokens
+    assert shared.read_text() == alone.read_text() and not partial_path(shared).exists()
+

@@ -56,10 +56,12 @@ def lightning_options(command=None, *, precision_from_recipe: bool = False):
               help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 16 or 15,16; 0 = none (default: the recipe's).")
 @click.option("--features", is_flag=True,
               help="Also store the target's features an EAGLE-3 draft head reads (prep train-drafter): 3 layers, bfloat16.")
+@click.option("--workers", type=COUNT, default=None,
+              help="Tracing processes, one thread and one core each (default: one per core, as memory allows).")
 @click.option("--force", is_flag=True, help="Rebuild the folder's traces: needed to change their settings, or to remove or shorten them.")
 @clean_errors(interrupted="complete shards are kept: rerun the same command to resume")
 def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_tokens_per_text, drafter_layers,
-           features: bool, force: bool) -> None:
+           features: bool, workers: int | None, force: bool) -> None:
     """Run the target teacher-forced over a corpus and write trace shards (resumable).
 
     \b
@@ -81,7 +83,8 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     target = teacher_target(loaded)
     taps = feature_layers(loaded.model.config.num_hidden_layers) if features else ()
     index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
-                         cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps)
+                         cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps,
+                         workers=workers, model=model)
     tokens = sum(e["tokens"] for e in index["shards"])
     click.echo(f"{out}: {len(index['shards'])} shards, {tokens} tokens")
 
@@ -326,9 +329,12 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
 @click.option("-n", "--prompts", "count", type=COUNT, default=100, show_default=True, help="How many prompts.")
 @click.option("--max-new-tokens", type=COUNT, default=NEW_TOKENS, show_default=True)
 @click.option("-o", "--out", required=True, help="JSON corpus file to write ([{\"text\": ...}]), for prep traces --corpus.")
+@click.option("--workers", type=COUNT, default=None,
+              help="Decoding processes, one thread and one core each (default: one per core, as memory allows).")
 @click.option("--force", is_flag=True, help="Replace an existing file at -o.")
 @clean_errors(interrupted="the finished responses are kept in OUT.partial: rerun the same command to resume")
-def responses_command(artifact: str, source: str, count: int, max_new_tokens: int, out: str, force: bool) -> None:
+def responses_command(artifact: str, source: str, count: int, max_new_tokens: int, out: str, workers: int | None,
+                      force: bool) -> None:
     """Write the target's own greedy responses to training prompts: self-distillation text for the draft head.
 
     \b
@@ -341,5 +347,5 @@ def responses_command(artifact: str, source: str, count: int, max_new_tokens: in
     if Path(out).exists() and not force:
         raise click.ClickException(f"{out} exists; choose another -o, or pass --force to replace it")
     engine = api.load(artifact)
-    tokens = write_responses(engine, source, count, max_new_tokens, out)
+    tokens = write_responses(engine, source, count, max_new_tokens, out, workers)
     click.echo(f"wrote {out}: {count} texts, {tokens} tokens of {engine.session.model.info.name}'s own text")

@@ -1,0 +1,97 @@
+"""One single-threaded worker process per core, for preparation jobs made of independent items.
+
+A response to a training prompt or a text's features needs nothing from its neighbours, and on the
+2-core machines we measure one process per core outruns one process on two threads: greedy decoding
+with the native kernels gained 1.05x from a second thread on the Zen 5 and ~2x from a second process
+(docs/draft-head.md, "The recipe's data on both cores"). Each worker is pinned to its own core, loads
+its state once (`setup(*args)`, e.g. a model) and then maps items with `work(state, item)`; results
+come back in the items' order, so a caller that writes them in order (and resumes from what it wrote)
+works as it does on one process. Workers start with `spawn`: nothing of the parent's threads or
+loaded models is copied into them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterable, Iterator
+
+POOL_MIN_TOKENS = 8192  # below this a job runs in-process: a worker's start (torch's import, a model load) takes seconds
+
+_state = None  # a worker's own, from setup
+
+
+def worker_count(requested: int | None, tokens: int) -> int:
+    """How many workers a job of about `tokens` tokens runs on: `requested`; or by default one per core
+    this process may use, no more than the available memory holds at what this process holds (a worker
+    loads the same model), and one for a job too small to repay the workers' start."""
+    if requested is not None:
+        return requested
+    if tokens < POOL_MIN_TOKENS:
+        return 1
+    cores = len(os.sched_getaffinity(0))
+    return max(1, min(cores, available_memory() // max(1, resident_memory())))
+
+
+def resident_memory() -> int:
+    """This process's resident memory in bytes: what a worker loading the same model will hold, about."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (0 where it cannot be read)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _start(cores: list[int], counter, setup: Callable, args: tuple) -> None:
+    """Pin this worker to the next core in turn, keep torch on one thread, and build its state.
+
+    Ctrl-C reaches the whole process group: the parent stops the workers, which ignore it themselves
+    (no traceback from each of them)."""
+    global _state
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    os.sched_setaffinity(0, {cores[index % len(cores)]})
+    import torch
+
+    torch.set_num_threads(1)
+    _state = setup(*args)
+
+
+def _run(work_and_item):
+    work, item = work_and_item
+    return work(_state, item)
+
+
+def map_on_cores(workers: int, setup: Callable, args: tuple, work: Callable, items: Iterable) -> Iterator:
+    """work(setup(*args), item) for each item, in order, on `workers` pinned processes (in this one for 1).
+
+    setup and work must be module-level functions (they are sent to spawned processes by name).
+    Breaking off the iteration, or an interrupt, stops the workers.
+    """
+    if workers == 1:
+        state = setup(*args)
+        for item in items:
+            yield work(state, item)
+        return
+    context = multiprocessing.get_context("spawn")
+    counter = context.Value("i", 0)
+    cores = sorted(os.sched_getaffinity(0))
+    pool = context.Pool(workers, initializer=_start, initargs=(cores, counter, setup, args))
+    try:
+        yield from pool.imap(_run, ((work, item) for item in items))
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()

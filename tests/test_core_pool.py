@@ -1,0 +1,99 @@
+"""Preparation jobs on one single-threaded process per core (prep.core_pool): the same output as one process."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from prep import core_pool
+from prep.cli import main as prep_main
+from prep.trace_files import load_traces
+from tests.factories import prep_ok, save_tiny_model_dir
+
+FIELDS = ["input_ids", "top_ids", "top_probs", "hidden", "features", "doc", "split"]
+
+
+def test_worker_count_takes_a_request_else_the_cores_memory_allows_for_a_job_worth_it(monkeypatch):
+    monkeypatch.setattr(core_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(core_pool, "available_memory", lambda: 10 * 2**30)
+    monkeypatch.setattr(core_pool, "resident_memory", lambda: 2**30)
+    big = 10 * core_pool.POOL_MIN_TOKENS
+    assert core_pool.worker_count(3, 10) == 3  # asked for: even a small job
+    assert core_pool.worker_count(None, 10) == 1  # too small to repay the workers' start
+    assert core_pool.worker_count(None, big) == 4
+    monkeypatch.setattr(core_pool, "resident_memory", lambda: 4 * 2**30)
+    assert core_pool.worker_count(None, big) == 2
+    monkeypatch.setattr(core_pool, "resident_memory", lambda: 64 * 2**30)
+    assert core_pool.worker_count(None, big) == 1  # one always runs
+
+
+def test_traces_on_two_processes_are_the_ones_one_process_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_model_dir(tmp_path / "model", layers=6)
+    rng = random.Random(1)
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps([{"text": " ".join(f"w{rng.randrange(2, 40)}" for _ in range(rng.randrange(12, 40)))}
+                                  for _ in range(30)]))
+    folders = {}
+    for workers in (1, 2):
+        folders[workers] = tmp_path / f"traces-{workers}"
+        prep_ok(["traces", model, "--corpus", corpus, "-o", folders[workers], "--shard-tokens", 300,
+                 "--drafter-layers", 0, "--features", "--workers", workers])
+    (index1, alone), (index2, shared) = (load_traces(folders[w], FIELDS) for w in (1, 2))
+    assert len(index1["shards"]) == len(index2["shards"]) > 1
+    for key in ("input_ids", "top_ids", "doc", "split"):
+        assert torch.equal(alone[key], shared[key]), key
+    for key in ("top_probs", "hidden", "features"):  # one thread against torch's own count: equal to rounding
+        torch.testing.assert_close(alone[key].float(), shared[key].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_an_interrupted_pooled_trace_stops_its_workers_and_resumes_to_the_same_shards(tmp_path, monkeypatch):
+    from prep import traces
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_model_dir(tmp_path / "model")
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps([{"text": " ".join(f"w{(i * 7 + j) % 40}" for j in range(30))} for i in range(20)]))
+    args = ["traces", model, "--corpus", corpus, "--shard-tokens", 150, "--drafter-layers", 0, "--workers", 2]
+    whole = tmp_path / "whole"
+    prep_ok([*args, "-o", whole])
+    real, calls = traces.run_shard, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(traces, "run_shard", interrupted)
+    resumed = tmp_path / "resumed"
+    result = CliRunner().invoke(prep_main, [str(a) for a in [*args, "-o", resumed]])
+    assert result.exit_code == 130 and "complete shards are kept" in result.output, result.output
+    assert not multiprocessing.active_children()  # the workers stopped with the run
+    monkeypatch.setattr(traces, "run_shard", real)
+    prep_ok([*args, "-o", resumed])
+    shards = sorted(p.name for p in whole.glob("shard-*"))
+    assert len(shards) > 2 and shards == sorted(p.name for p in resumed.glob("shard-*"))
+    assert all((whole / n).read_bytes() == (resumed / n).read_bytes() for n in shards)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_map_on_cores_returns_results_in_order_from_pinned_single_threaded_workers(workers):
+    results = list(core_pool.map_on_cores(workers, _setup, ("state",), _work, range(9)))
+    assert [(state, item) for state, item, _, _, _ in results] == [("state", i) for i in range(9)]
+    if workers > 1:
+        assert all(pid != os.getpid() and cores == 1 and threads == 1 for _, _, pid, cores, threads in results)
+
+
+def _setup(value):
+    return value
+
+
+def _work(state, item):
+    return state, item, os.getpid(), len(os.sched_getaffinity(0)), torch.get_num_threads()
