@@ -19,6 +19,7 @@ import ast
 import json
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from itertools import islice
 from pathlib import Path
 
@@ -117,15 +118,17 @@ def write_responses(engine, source: str, count: int, max_new_tokens: int, out: s
     atomic_write_bytes(partial, "".join(lines).encode())  # without a torn last line
     with partial.open("a", encoding="utf-8") as log:
         asks = [(prompt, chat and templated, max_new_tokens) for prompt, chat in prompts[len(finished):]]
-        if worker_count(workers, len(asks) * max_new_tokens) == 1:
+        workers = worker_count(workers, len(asks) * max_new_tokens)
+        if workers == 1:
             answers = (respond(engine, ask) for ask in asks)
         else:
-            answers = map_on_cores(worker_count(workers, len(asks) * max_new_tokens), load_engine, (str(engine.session.artifact.path),), respond, asks)
-        for answer in tqdm(answers, desc="responses", unit="prompt", file=sys.stderr,
-                           initial=len(finished), total=len(prompts)):
-            finished.append(answer)
-            log.write(json.dumps(answer, ensure_ascii=False) + "\n")
-            log.flush()
+            answers = map_on_cores(workers, load_engine, (str(engine.session.artifact.path),), respond, asks)
+        with closing(answers):  # an interrupt stops the workers
+            for answer in tqdm(answers, desc="responses", unit="prompt", file=sys.stderr,
+                               initial=len(finished), total=len(prompts)):
+                finished.append(answer)
+                log.write(json.dumps(answer, ensure_ascii=False) + "\n")
+                log.flush()
     texts = [{"text": r["text"]} for r in finished]
     atomic_write_bytes(Path(out), (json.dumps(texts, ensure_ascii=False) + "\n").encode())
     partial.unlink()

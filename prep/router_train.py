@@ -223,12 +223,12 @@ def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, 
 
     The traces are resumed if begun (rebuilt where `force` allows); `prep all --traces` names their folder.
     """
-    from runtime.session import Session
+    from runtime.session import Session, model_spec_of
 
     target = teacher_target(loaded)
     build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, traces, cfg.max_tokens,
                  max_tokens_per_text=cfg.max_tokens_per_text, drafter_layers=parse_layers(cfg.drafter_layers),
-                 force=force, option="--traces", progress=progress)
+                 force=force, option="--traces", progress=progress, workers=None, model=model_spec_of(artifact))
     session = Session(artifact, loaded, target)
     return train_router(session, traces, Path(traces) / "router-train", RouterConfig.from_recipe(cfg, progress=progress),
                         force=force)
