@@ -1,13 +1,12 @@
 """One single-threaded worker process per core, for preparation jobs made of independent items.
 
 A response to a training prompt or a text's features needs nothing from its neighbours, and on the
-2-core machines we measure one process per core outruns one process on two threads: greedy decoding
-with the native kernels gained 1.05x from a second thread on the Zen 5 and ~2x from a second process
-(docs/draft-head.md, "The recipe's data on both cores"). Each worker is pinned to its own core, loads
-its state once (`setup(*args)`, e.g. a model) and then maps items with `work(state, item)`; results
-come back in the items' order, so a caller that writes them in order (and resumes from what it wrote)
-works as it does on one process. Workers start with `spawn`: nothing of the parent's threads or
-loaded models is copied into them.
+2-core machines we measure one process per core outruns one process on two threads (docs/draft-head.md,
+"The recipe's data on both cores"). Each worker runs torch and the kernels on one thread (the
+scheduler gives each its own core), loads its state once (`setup(*args)`, e.g. a model) and then maps
+items with `work(state, item)`; results come back in the items' order, so a caller that writes them in
+order (and resumes from what it wrote) works as it does on one process. Workers start with `spawn`:
+nothing of the parent's threads or loaded models is copied into them.
 """
 
 from __future__ import annotations
@@ -52,30 +51,27 @@ def available_memory() -> int:
     return 0
 
 
-def _start(cores: list[int], counter, setup: Callable, args: tuple) -> None:
-    """Pin this worker to the next core in turn, keep torch on one thread, and build its state.
+def _start(setup: Callable, args: tuple) -> None:
+    """Keep this worker's torch on one thread and build its state.
 
     Ctrl-C reaches the whole process group: the parent stops the workers, which ignore it themselves
     (no traceback from each of them)."""
     global _state
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with counter.get_lock():
-        index = counter.value
-        counter.value += 1
-    os.sched_setaffinity(0, {cores[index % len(cores)]})
     import torch
 
     torch.set_num_threads(1)
     _state = setup(*args)
 
 
-def _run(work_and_item):
+def _run(work_and_item: tuple[Callable, object]):
+    """One item's work, on this worker's state."""
     work, item = work_and_item
     return work(_state, item)
 
 
 def map_on_cores(workers: int, setup: Callable, args: tuple, work: Callable, items: Iterable) -> Iterator:
-    """work(setup(*args), item) for each item, in order, on `workers` pinned processes (in this one for 1).
+    """work(setup(*args), item) for each item, in order, on `workers` single-threaded processes (in this one for 1).
 
     setup and work must be module-level functions (they are sent to spawned processes by name).
     Breaking off the iteration, or an interrupt, stops the workers.
@@ -85,10 +81,7 @@ def map_on_cores(workers: int, setup: Callable, args: tuple, work: Callable, ite
         for item in items:
             yield work(state, item)
         return
-    context = multiprocessing.get_context("spawn")
-    counter = context.Value("i", 0)
-    cores = sorted(os.sched_getaffinity(0))
-    pool = context.Pool(workers, initializer=_start, initargs=(cores, counter, setup, args))
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_start, initargs=(setup, args))
     try:
         yield from pool.imap(_run, ((work, item) for item in items))
         pool.close()
