@@ -16,18 +16,17 @@ import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
 
-POOL_MIN_TOKENS = 8192  # below this a job runs in-process: a worker's start (torch's import, a model load) takes seconds
-
 _state = None  # a worker's own, from setup
 
 
-def worker_count(requested: int | None, tokens: int) -> int:
-    """How many workers a job of about `tokens` tokens runs on: `requested`; or by default one per core
-    this process may use, no more than the available memory holds at what this process holds (a worker
-    loads the same model), and one for a job too small to repay the workers' start."""
+def worker_count(requested: int | None, work: int, minimum: int) -> int:
+    """How many workers a job of `work` units (tokens) runs on: `requested`; else 1 where work < minimum
+    (too little to repay the workers' start: torch's import and a model load each), else one per core
+    this process may use, no more than the available memory holds at what this process holds (a
+    worker loads the same model)."""
     if requested is not None:
         return requested
-    if tokens < POOL_MIN_TOKENS:
+    if work < minimum:
         return 1
     cores = len(os.sched_getaffinity(0))
     return max(1, min(cores, available_memory() // max(1, resident_memory())))

@@ -35,6 +35,7 @@ FUNCTIONS_SOURCE = "pyfunctions"
 FUNCTIONS_PER_FILE = 2  # spread the prompts over the library
 MAX_IMPORT_LINES = 6
 NEW_TOKENS = 128  # per response, by default: about a bench answer
+POOL_MIN_TOKENS = 1024  # tokens to decode before workers pay: ~20 s at one thread, a worker starts in ~5 s
 SOURCES = ("sharegpt", CODE_CORPUS, FUNCTIONS_SOURCE)
 
 
@@ -118,7 +119,7 @@ def write_responses(engine, source: str, count: int, max_new_tokens: int, out: s
     atomic_write_bytes(partial, "".join(lines).encode())  # without a torn last line
     with partial.open("a", encoding="utf-8") as log:
         asks = [(prompt, chat and templated, max_new_tokens) for prompt, chat in prompts[len(finished):]]
-        workers = worker_count(workers, len(asks) * max_new_tokens)
+        workers = worker_count(workers, len(asks) * max_new_tokens, POOL_MIN_TOKENS)
         if workers == 1:
             answers = (respond(engine, ask) for ask in asks)
         else:

@@ -23,14 +23,13 @@ def test_worker_count_takes_a_request_else_the_cores_memory_allows_for_a_job_wor
     monkeypatch.setattr(core_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(core_pool, "available_memory", lambda: 10 * 2**30)
     monkeypatch.setattr(core_pool, "resident_memory", lambda: 2**30)
-    big = 10 * core_pool.POOL_MIN_TOKENS
-    assert core_pool.worker_count(3, 10) == 3  # asked for: even a small job
-    assert core_pool.worker_count(None, 10) == 1  # too small to repay the workers' start
-    assert core_pool.worker_count(None, big) == 4
+    assert core_pool.worker_count(3, 10, 100) == 3  # asked for: even a small job
+    assert core_pool.worker_count(None, 99, 100) == 1  # too small to repay the workers' start
+    assert core_pool.worker_count(None, 100, 100) == 4
     monkeypatch.setattr(core_pool, "resident_memory", lambda: 4 * 2**30)
-    assert core_pool.worker_count(None, big) == 2
+    assert core_pool.worker_count(None, 100, 100) == 2
     monkeypatch.setattr(core_pool, "resident_memory", lambda: 64 * 2**30)
-    assert core_pool.worker_count(None, big) == 1  # one always runs
+    assert core_pool.worker_count(None, 100, 100) == 1  # one always runs
 
 
 def test_traces_on_two_processes_are_the_ones_one_process_writes(tmp_path, monkeypatch):
