@@ -16,6 +16,8 @@ import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
 
+from runtime.kernels.build import usable_cores
+
 _state = None  # a worker's own, from setup
 
 
@@ -28,8 +30,7 @@ def worker_count(requested: int | None, work: int, minimum: int) -> int:
         return requested
     if work < minimum:
         return 1
-    cores = len(os.sched_getaffinity(0))
-    return max(1, min(cores, available_memory() // max(1, resident_memory())))
+    return max(1, min(usable_cores(), available_memory() // max(1, resident_memory())))
 
 
 def resident_memory() -> int:
@@ -69,14 +70,14 @@ def _run(work_and_item: tuple[Callable, object]):
     return work(_state, item)
 
 
-def map_on_cores(workers: int, setup: Callable, args: tuple, work: Callable, items: Iterable) -> Iterator:
-    """work(setup(*args), item) for each item, in order, on `workers` single-threaded processes (in this one for 1).
+def map_on_cores(workers: int, work: Callable, items: Iterable, state, setup: Callable, args: tuple) -> Iterator:
+    """work(state, item) for each item, in order: in this process on `state` for 1 worker, else on
+    `workers` single-threaded processes, each on its own setup(*args) (what `state` is, loaded again).
 
     setup and work must be module-level functions (they are sent to spawned processes by name).
     Breaking off the iteration, or an interrupt, stops the workers.
     """
     if workers == 1:
-        state = setup(*args)
         for item in items:
             yield work(state, item)
         return

@@ -119,11 +119,8 @@ def write_responses(engine, source: str, count: int, max_new_tokens: int, out: s
     atomic_write_bytes(partial, "".join(lines).encode())  # without a torn last line
     with partial.open("a", encoding="utf-8") as log:
         asks = [(prompt, chat and templated, max_new_tokens) for prompt, chat in prompts[len(finished):]]
-        workers = worker_count(workers, len(asks) * max_new_tokens, POOL_MIN_TOKENS)
-        if workers == 1:
-            answers = (respond(engine, ask) for ask in asks)
-        else:
-            answers = map_on_cores(workers, load_engine, (str(engine.session.artifact.path),), respond, asks)
+        answers = map_on_cores(worker_count(workers, len(asks) * max_new_tokens, POOL_MIN_TOKENS), respond, asks,
+                               engine, load_engine, (str(engine.session.artifact.path),))
         with closing(answers):  # an interrupt stops the workers
             for answer in tqdm(answers, desc="responses", unit="prompt", file=sys.stderr,
                                initial=len(finished), total=len(prompts)):

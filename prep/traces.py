@@ -317,11 +317,8 @@ def build_traces(
                 and shard_intact(out / p.name, e)}
         items = [(ids, settings["drafter_layers"], list(feature_layers))
                  for plan in plans if plan.name not in kept for ids in plan.ids]
-        workers = worker_count(workers, sum(len(ids) for ids, _, _ in items), POOL_MIN_TOKENS)
-        if workers == 1:
-            traced = (trace_item(target, item) for item in items)
-        else:
-            traced = map_on_cores(workers, load_teacher, (model,), trace_item, items)
+        traced = map_on_cores(worker_count(workers, sum(len(ids) for ids, _, _ in items), POOL_MIN_TOKENS),
+                              trace_item, items, target, load_teacher, (model,))
         with closing(traced), tqdm(total=sum(p.tokens for p in plans), desc="traces", unit="tok",
                                    disable=not progress, file=sys.stderr) as bar:
             for position, plan in enumerate(plans):

@@ -20,7 +20,7 @@ FIELDS = ["input_ids", "top_ids", "top_probs", "hidden", "features", "doc", "spl
 
 
 def test_worker_count_takes_a_request_else_the_cores_memory_allows_for_a_job_worth_it(monkeypatch):
-    monkeypatch.setattr(core_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(core_pool, "usable_cores", lambda: 4)
     monkeypatch.setattr(core_pool, "available_memory", lambda: 10 * 2**30)
     monkeypatch.setattr(core_pool, "resident_memory", lambda: 2**30)
     assert core_pool.worker_count(3, 10, 100) == 3  # asked for: even a small job
@@ -84,7 +84,7 @@ def test_an_interrupted_pooled_trace_stops_its_workers_and_resumes_to_the_same_s
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_map_on_cores_returns_results_in_order_from_single_threaded_workers(workers):
-    results = list(core_pool.map_on_cores(workers, _setup, ("state",), _work, range(9)))
+    results = list(core_pool.map_on_cores(workers, _work, range(9), "state", _setup, ("state",)))
     assert [(state, item) for state, item, _, _ in results] == [("state", i) for i in range(9)]
     if workers > 1:
         assert all(pid != os.getpid() and threads == 1 for _, _, pid, threads in results)
