@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from prep import recipes
 from prep.cli import main as prep_main
-from prep.drafter_recipe import feature_sets, training_precision
+from prep.drafter_recipe import RESPONSES_MAX_TOKENS, feature_sets, features_budget, training_precision
 from prep.router_trainer import StepBar
 from prep.trace_files import INDEX_FILE
 from runtime.session import open_session
@@ -100,6 +100,16 @@ def test_the_drafter_data_are_recipe_lists_and_features_go_beside_the_artifact(t
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(prep_main, ["all", "m", "-o", "art", "--with-drafter", "--features", "art"])
     assert result.exit_code != 0 and "features go in a folder of their own" in result.output
+
+
+def test_features_by_hand_trace_what_the_recipes_folders_hold():
+    """prep traces --features' default budget: a file whole, a raw corpus at the recipe's [drafter] budget, else the router's."""
+    router = recipes.RouterRecipe(max_tokens=40_000)
+    drafter = recipes.DrafterRecipe(corpora=("sharegpt:60000",))
+    assert features_budget(drafter, router, "feat/responses-sharegpt-150.json") == RESPONSES_MAX_TOKENS
+    assert features_budget(drafter, router, "sharegpt") == 60_000
+    assert features_budget(drafter, router, "pystdlib") == 40_000
+    assert features_budget(drafter, router, "humaneval") == 40_000
 
 
 def test_auto_precision_is_bf16_where_the_cpu_has_it():

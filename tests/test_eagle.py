@@ -42,8 +42,7 @@ def trained(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(root / "cache"))
         prep_ok(["cluster", model, "-o", art, "--clusters", 8])
-        prep_ok(["traces", model, "--corpus", corpus, "-o", features, "--shard-tokens", 400, "--drafter-layers", 0,
-                "--features"])
+        prep_ok(["traces", model, "--corpus", corpus, "-o", features, "--shard-tokens", 400, "--features"])
         out = prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", 48, "--epochs", 1,
                       "--devices", 1, "--accelerator", "cpu"])
         session = open_session(art, backend="lean", progress=False)
@@ -57,6 +56,16 @@ def test_train_drafter_trains_at_the_recipe_precision(trained):
 
     expected = training_precision(DEFAULTS.drafter.precision, cpu_flags())  # the tiny model has no recipe
     assert session.artifact.stage_params(Stage.DRAFTER)["precision"] == expected
+
+
+def test_features_by_hand_default_to_the_recipes_data_settings(trained):
+    """prep traces --features without --max-tokens or --drafter-layers traces a responses file whole and stores
+    no layers:N states, as prep all --with-drafter's folders (not the router's 40,000-token budget and depth)."""
+    from prep.drafter_recipe import RESPONSES_MAX_TOKENS
+    from prep.trace_files import INDEX_FILE
+
+    index = json.loads((trained[1] / INDEX_FILE).read_text())
+    assert index["max_tokens"] == RESPONSES_MAX_TOKENS and index["drafter_layers"] == []
 
 
 def test_features_are_the_residual_stream_entering_the_tapped_layers(trained):

@@ -49,11 +49,14 @@ def lightning_options(command=None, *, precision_from_recipe: bool = False):
 @click.option("--corpus", default=None,
               help="sharegpt, humaneval, pystdlib (the standard library's source), or a JSON file of {\"text\": ...} objects (default: the recipe's).")
 @click.option("-o", "--out", required=True, help="Traces folder to create or complete (its own folder, not an artifact).")
-@click.option("--max-tokens", type=COUNT, default=None, help="Total token budget (default: the recipe's).")
+@click.option("--max-tokens", type=COUNT, default=None,
+              help="Total token budget (default: the recipe's; with --features, a file's texts whole and a packaged "
+                   "corpus at the recipe's [drafter] budget, as prep all --with-drafter traces them).")
 @click.option("--shard-tokens", type=COUNT, default=16_384, show_default=True, help="Tokens per shard (the resume unit).")
 @click.option("--max-tokens-per-text", type=Integer(2), default=None, help="Default: the recipe's.")
 @click.option("--drafter-layers", default=None,
-              help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 16 or 15,16; 0 = none (default: the recipe's).")
+              help="Also store the hidden state after the first N layers (layers:N drafters), e.g. 16 or 15,16; 0 = none "
+                   "(default: the recipe's; none with --features).")
 @click.option("--features", is_flag=True,
               help="Also store the target's features an EAGLE-3 draft head reads (prep train-drafter): 3 layers, bfloat16.")
 @click.option("--workers", type=COUNT, default=None,
@@ -69,13 +72,20 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000 --drafter-layers 16
     prep traces gemma3-270m --corpus pystdlib --features -o features/g270-code --max-tokens 40000
     """
+    from prep.drafter_recipe import features_budget
     from prep.trace_files import check_traces_folder
     from prep.traces import build_traces, check_corpus, parse_layers, teacher_target
     from runtime.models import load_model
     from runtime.drafters.eagle_head import feature_layers
 
-    cfg = overridden(load_recipe(model).router, corpus=corpus, max_tokens=max_tokens,
-                     max_tokens_per_text=max_tokens_per_text, drafter_layers=drafter_layers)
+    recipe = load_recipe(model)
+    if features:  # a draft head's data, by default as prep all --with-drafter's features folders hold them
+        if max_tokens is None:
+            max_tokens = features_budget(recipe.drafter, recipe.router, corpus or recipe.router.corpus)
+        if drafter_layers is None:
+            drafter_layers = 0
+    cfg = overridden(recipe.router, corpus=corpus, max_tokens=max_tokens, max_tokens_per_text=max_tokens_per_text,
+                     drafter_layers=drafter_layers)
     layers = parse_layers(cfg.drafter_layers)
     check_corpus(cfg.corpus)
     check_traces_folder(out, "-o")
