@@ -19,9 +19,8 @@ from pathlib import Path
 
 from prep.recipes import DrafterRecipe, RouterRecipe
 from prep.responses import NEW_TOKENS, SOURCES as RESPONSE_SOURCES
-from prep.traces import CODE_CORPUS
+from prep.traces import CODE_CORPUS, named_corpus
 from runtime.common.checks import is_digits
-from runtime.text.data import PACKAGED_SOURCES
 
 RAW_CORPORA = ("sharegpt", CODE_CORPUS)  # HumanEval stays held out of every training set
 RESPONSES_MAX_TOKENS = 1_000_000  # a responses file is traced whole (its texts are cut per text only)
@@ -69,7 +68,7 @@ def features_budget(recipe: DrafterRecipe, router: RouterRecipe, corpus: str) ->
     """Tokens of `corpus` whose features `prep traces --features` stores by default, as the recipe's data
     folders hold them: a responses file (any file) whole, a raw corpus at its [drafter] `corpora` budget,
     else at the router's."""
-    if corpus not in PACKAGED_SOURCES and corpus != CODE_CORPUS:
+    if not named_corpus(corpus):
         return RESPONSES_MAX_TOKENS
     return dict(recipe_entries(recipe.corpora, "corpora", RAW_CORPORA, "TOKENS")).get(corpus, router.max_tokens)
 

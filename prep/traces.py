@@ -125,9 +125,14 @@ def teacher_target(loaded) -> TransformersTarget:
     return TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
 
 
+def named_corpus(corpus: str) -> bool:
+    """Whether `corpus` names a packaged corpus (sharegpt, humaneval, pystdlib) rather than a file of texts."""
+    return corpus in PACKAGED_SOURCES or corpus == CODE_CORPUS
+
+
 def check_corpus(corpus: str) -> None:
     """Refuse, before the model loads, a corpus that is not packaged and not a file of texts."""
-    if corpus not in PACKAGED_SOURCES and corpus != CODE_CORPUS:
+    if not named_corpus(corpus):
         corpus_file_texts(corpus)
 
 

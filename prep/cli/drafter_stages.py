@@ -79,13 +79,10 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     from runtime.drafters.eagle_head import feature_layers
 
     recipe = load_recipe(model)
-    if features:  # a draft head's data, by default as prep all --with-drafter's features folders hold them
-        if max_tokens is None:
-            max_tokens = features_budget(recipe.drafter, recipe.router, corpus or recipe.router.corpus)
-        if drafter_layers is None:
-            drafter_layers = 0
-    cfg = overridden(recipe.router, corpus=corpus, max_tokens=max_tokens, max_tokens_per_text=max_tokens_per_text,
-                     drafter_layers=drafter_layers)
+    cfg = overridden(recipe.router, corpus=corpus, max_tokens_per_text=max_tokens_per_text)
+    if features:  # a draft head's data: by default what prep all --with-drafter's features folders hold
+        cfg = overridden(cfg, max_tokens=features_budget(recipe.drafter, recipe.router, cfg.corpus), drafter_layers=0)
+    cfg = overridden(cfg, max_tokens=max_tokens, drafter_layers=drafter_layers)
     layers = parse_layers(cfg.drafter_layers)
     check_corpus(cfg.corpus)
     check_traces_folder(out, "-o")
