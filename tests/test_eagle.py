@@ -3,6 +3,7 @@ the `eagle` drafter's exactness (greedy identity with plain decoding, exact samp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -16,6 +17,7 @@ from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.drafter_train import chain_acceptance
 from prep.recipes import DEFAULTS
+from runtime.backends.rows import Rows
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, EagleHead, feature_layers
@@ -120,6 +122,25 @@ def test_kernel_head_matches_the_training_module(trained):
     second = runner.step(embeds[5:6], out[-1:])  # row 4's second step, after all of step 0's rows
     torch.testing.assert_close(second, reference[1][-1:], atol=1e-4, rtol=1e-4)
 
+
+
+def test_the_compiled_layer_gives_the_bits_of_its_ops_one_at_a_time(trained):
+    """KernelHead's layer as one compiled call (layer_plan.h's forward_input) equals the same kernels called one
+    at a time from Python, bit for bit, over a catch-up, a chain step and a token tree's level."""
+    weights = KernelWeights.of(q8_module(trained[0].artifact))
+    if weights.plan is None:
+        pytest.skip("no compiled kernels on this machine")
+    d = weights.config.hidden_size
+    gen = torch.Generator().manual_seed(1)
+    features, embeds = torch.randn(5, 3 * d, generator=gen) * 3, torch.randn(8, d, generator=gen)
+    outs = []
+    for w in (weights, dataclasses.replace(weights, plan=None)):
+        runner = KernelHead(w)
+        caught_up = runner.step(embeds[:5], runner.fuse(features))  # rows 0..4
+        chained = runner.step(embeds[5:6], caught_up[-1:])  # row 5: node 0 of a tree over the prefix of 5
+        level = runner.step(embeds[6:8], torch.cat([chained, chained]), Rows(6, 2, 5, [[0, 1], [0, 2]]))  # node 0's children
+        outs.append(torch.cat([caught_up, chained, level]))
+    assert torch.equal(outs[0], outs[1])
 
 # The tiny head is near uniform over its 48 rows (top-1 ~0.029): conf=0.025 drafts one token a round.
 @pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive",

@@ -8,7 +8,8 @@ output, with its own one-layer KV cache (cropped back to the verified positions 
 
 The head runs on the native kernels: every matrix is requantized to Q8_0 once at load (a quarter of
 fp32's bytes; a drafted token's cost is what matters, and drafts never change the output: the
-verifier is exact). Drafts are the head's top-1 mapped to target ids (point masses, so exact
+verifier is exact), and its decoder layer is one compiled call, the target decoder's own
+(layer_plan.h), where the kernels are compiled. Drafts are the head's top-1 mapped to target ids (point masses, so exact
 sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only the N draft-vocabulary
 rows the target chose most often in training (FR-Spec's shortlist on the head); `dynaspec=K` scores,
 per draft, the rows of the K clusters DynaSpec's router ranks highest (stage drafter_router, the
@@ -31,15 +32,17 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
+from runtime.backends.rows import Rows
+from runtime.common.checks import is_digits
+from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
 from runtime.drafters.arguments import number_text, unit_number
 from runtime.drafters.base import Proposal, Verdict, empty_proposal
-from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, apply_rotary, rotary
-from runtime.common.checks import is_digits
+from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, rotary
 from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.registry import DraftContext
 from runtime.drafters.router import HEAD_ROUTER_ONNX_FILE, RouterRunner
-from runtime.kernels import QuantMatrix, linear, quant_linear_parts, rms_norm
-from runtime.common.sampling import NO_BAN, SamplingParams, TokenBan
+from runtime.kernels import QuantMatrix, attend, linear, prepare_qkv, quant_linear_parts, rms_norm
+from runtime.kernels.build import active
 
 # EagleHead's parameter names -> the EAGLE-3 checkpoint's (what vLLM, SGLang and llama.cpp's converter read).
 CHECKPOINT_NAMES = {
@@ -99,18 +102,34 @@ class KernelWeights:
     lm_head: QuantMatrix  # the kept draft-vocabulary rows
     token_ids: torch.Tensor  # [rows]: the target id of each kept row
     norms: dict[str, torch.Tensor]
+    plan: object | None  # the layer as one compiled call (layer_plan.h's forward_input), None without compiled kernels
 
     @classmethod
     def of(cls, head: EagleHead, shortlist: torch.Tensor | None = None) -> KernelWeights:
         """head's weights, its LM head cut to the draft-vocabulary rows `shortlist` (None: all)."""
         rows = torch.arange(head.config.draft_vocab) if shortlist is None else shortlist
-        return cls(
-            head.config, q8_0(head.fc.weight), [q8_0(head.q_proj.weight), q8_0(head.k_proj.weight), q8_0(head.v_proj.weight)],
-            q8_0(head.o_proj.weight), [q8_0(head.gate_proj.weight), q8_0(head.up_proj.weight)], q8_0(head.down_proj.weight),
-            q8_0(head.lm_head.weight[rows]), head.draft_ids()[rows],
-            {name: getattr(head, name).detach().float().clone()
-             for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")},
-        )
+        qkv = [q8_0(head.q_proj.weight), q8_0(head.k_proj.weight), q8_0(head.v_proj.weight)]
+        o, gate_up, down = q8_0(head.o_proj.weight), [q8_0(head.gate_proj.weight), q8_0(head.up_proj.weight)], q8_0(head.down_proj.weight)
+        norms = {name: getattr(head, name).detach().float().clone()
+                 for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")}
+        return cls(head.config, q8_0(head.fc.weight), qkv, o, gate_up, down, q8_0(head.lm_head.weight[rows]),
+                   head.draft_ids()[rows], norms, _layer_plan(head.config, qkv, o, gate_up, down, norms["post_attention_layernorm"]))
+
+
+def _layer_plan(c: EagleConfig, qkv: list[QuantMatrix], o: QuantMatrix, gate_up: list[QuantMatrix], down: QuantMatrix,
+                pre_mlp: torch.Tensor):
+    """The head's decoder layer as a compiled LayerPlan (Llama's: its only norm inside is the pre-MLP one,
+    post_attention_layernorm), or None without compiled kernels."""
+    ext = active()[1]
+    if ext is None:
+        return None
+    none = torch.empty(0)
+    projections = [qkv, [o], gate_up, [down]]
+    return ext.LayerPlan(
+        [none, none, none, none, pre_mlp, none], [0.0, 0.0, 0.0, 0.0, NORM_EPS, 0.0],
+        [[m.data for m in p] for p in projections], [[int(m.ggml_type) for m in p] for p in projections],
+        [p[0].cols for p in projections], [none] * 4, c.num_heads, c.kv_heads, c.head_dim, c.head_dim ** -0.5, "silu",
+    )
 
 
 class ClusterRouter:
@@ -150,36 +169,28 @@ class KernelHead:
         """Fused features [T, d] of the target's tapped layers [T, 3d]."""
         return linear(features, self.weights.fc)
 
-    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor | None = None,
-             visible: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, embeds: torch.Tensor, hidden: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         """Append rows (token embeddings, hidden inputs [T, d]) to the cache; their layer outputs [T, d].
 
         By default the rows are a chain at the next positions, each seeing every cached row before it.
-        A token tree's level gives its rows' positions [T] and what each sees, visible [T, length + T]
-        (bool over the cache's rows after the append: the verified prefix, its ancestors and itself).
+        A token tree's level gives its Rows (runtime.backends.rows): its nodes' positions, and the keys each
+        sees (the verified prefix, its ancestors' rows and its own). The layer is the target decoder's own
+        compiled call (layer_plan.h) where the kernels are compiled, else the same ops one at a time.
         """
         c, w, count, start = self.config, self.weights, embeds.shape[0], self.length
         n = w.norms
-        x = torch.cat([rms_norm(embeds, n["input_layernorm"], NORM_EPS), rms_norm(hidden, n["hidden_norm"], NORM_EPS)], dim=1)
-        qkv = quant_linear_parts(x, w.qkv)  # [T, (H + 2 KV) hd]
-        q_width, kv_width = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
-        q = qkv[:, :q_width].reshape(count, c.num_heads, c.head_dim).transpose(0, 1)  # [H, T, hd]
-        k = qkv[:, q_width : q_width + kv_width].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
-        v = qkv[:, q_width + kv_width :].reshape(count, c.kv_heads, c.head_dim).transpose(0, 1)
+        rows = rows or Rows(start, count)
+        if rows.start != start or rows.count != count:
+            raise ValueError(f"a head step appends {count} rows at {start}, not {rows.count} at {rows.start}")
+        x = torch.cat([rms_norm(embeds, n["input_layernorm"], NORM_EPS), rms_norm(hidden, n["hidden_norm"], NORM_EPS)], dim=1)  # [T, 2d]
         self._reserve(start + count)
-        if positions is None:
-            cos, sin = self.cos[start : start + count], self.sin[start : start + count]
-        else:
-            cos, sin = self.cos[positions], self.sin[positions]  # a tree level's positions: below start + count
-        self.keys[:, start : start + count] = apply_rotary(k, cos, sin)
-        self.values[:, start : start + count] = v
         self.length = start + count
-        mask = visible if visible is not None else None if count == 1 else torch.ones(count, start + count, dtype=torch.bool).tril(start)
-        attended = F.scaled_dot_product_attention(
-            apply_rotary(q, cos, sin).unsqueeze(0), self.keys[:, : self.length].unsqueeze(0),
-            self.values[:, : self.length].unsqueeze(0), attn_mask=mask, enable_gqa=c.num_heads != c.kv_heads,
-        )[0].transpose(0, 1).reshape(count, q_width)  # [T, H hd]
-        x = hidden + linear(attended, w.o)
+        first, end, extra = rows.keys(None)
+        if w.plan is not None:
+            return w.plan.forward_input(x, hidden, self.keys, self.values, rows.positions, first, end, extra, start, self.cos, self.sin)
+        qkv = quant_linear_parts(x, w.qkv).view(count, c.num_heads + 2 * c.kv_heads, c.head_dim)  # [T, H + 2 KV, hd]
+        prepare_qkv(qkv, c.num_heads, None, 0.0, (self.cos, self.sin), rows.positions, self.keys, self.values, start)
+        x = hidden + linear(attend(qkv, c.num_heads, self.keys, self.values, first, end, extra, c.head_dim ** -0.5), w.o)
         gate_up = quant_linear_parts(rms_norm(x, n["post_attention_layernorm"], NORM_EPS), w.gate_up)  # [T, 2 F]
         half = gate_up.shape[1] // 2
         return x + linear(F.silu(gate_up[:, :half]) * gate_up[:, half:], w.down)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.backends.rows import Rows
 from runtime.common.sampling import NO_BAN
 from runtime.drafters.base import Verdict
 from runtime.drafters.eagle import EagleDrafter
@@ -89,14 +90,13 @@ class EagleTrees:
         for level in range(1, depth):
             expand = sorted(frontier, key=lambda node: (-nodes.scores[node], node))[: self.k]
             first = head.length
-            visible = torch.zeros(len(expand), first + len(expand), dtype=torch.bool)  # [n, cache rows after the step]
-            visible[:, :fed] = True
             for i, node in enumerate(expand):
                 rows[node] = first + i
-                visible[i, [rows[a] for a in nodes.ancestors(node)] + [first + i]] = True
+            # Each node sees the verified prefix, then its path's rows, root side first (slots fed + j).
+            paths = [[rows[a] - fed for a in reversed(nodes.ancestors(node))] + [rows[node] - fed] for node in expand]
             embeds = drafter.target.embedding_rows(torch.tensor([nodes.tokens[node] for node in expand]))  # [n, d]
             hidden = torch.cat([outs[nodes.parents[node]] for node in expand])  # [n, d]
-            stepped = head.step(embeds, hidden, torch.full((len(expand),), fed + level - 1), visible)  # [n, d]
+            stepped = head.step(embeds, hidden, Rows(first, len(expand), fed, paths))  # [n, d]
             ids, probs = head.top_k(stepped, embeds, self.k)
             frontier = []
             for i, node in enumerate(expand):

@@ -202,4 +202,5 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<std::vector<torch::Tensor>>, \
                           std::vector<std::vector<int64_t>>, std::vector<int64_t>, std::vector<torch::Tensor>, int64_t, \
                           int64_t, int64_t, double, std::string>())                                           \
-      .def("forward", &plan::LayerPlan::forward, "one decoder layer over a few rows: the new residual")
+      .def("forward", &plan::LayerPlan::forward, "one decoder layer over a few rows: the new residual")                          \
+      .def("forward_input", &plan::LayerPlan::forward_input, "the layer with its attention's input given: the new residual")

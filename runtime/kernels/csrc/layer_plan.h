@@ -40,7 +40,8 @@ struct Norm {
 
 class LayerPlan {
  public:
-  // norms: input, q, k, post-attention, pre-MLP, post-MLP (an empty tensor: the layer has none);
+  // norms: input, q, k, post-attention, pre-MLP, post-MLP (an empty tensor: the layer has none; without
+  // an input norm only forward_input runs);
   // projections qkv, o, gate_up, down as (matrices, ggml types, columns, bias or empty).
   LayerPlan(std::vector<torch::Tensor> norm_factors, std::vector<double> norm_eps, std::vector<std::vector<torch::Tensor>> proj_data,
             std::vector<std::vector<int64_t>> proj_types, std::vector<int64_t> proj_cols, std::vector<torch::Tensor> proj_bias,
@@ -54,7 +55,7 @@ class LayerPlan {
       if (norm_factors[i].numel() > 0) ops::check_float(norm_factors[i], 1, "a norm factor");
       *norms[i] = {norm_factors[i].numel() > 0 ? norm_factors[i] : torch::Tensor(), norm_eps[i]};
     }
-    TORCH_CHECK(input_.present() && pre_mlp_.present() && q_norm_.present() == k_norm_.present(), "a layer plan needs its input and pre-MLP norms, and q and k norms together");
+    TORCH_CHECK(pre_mlp_.present() && q_norm_.present() == k_norm_.present(), "a layer plan needs its pre-MLP norm, and q and k norms together");
     Linear* linears[4] = {&qkv_, &o_, &gate_up_, &down_};
     for (int i = 0; i < 4; ++i) {
       TORCH_CHECK(!proj_data[i].empty() && proj_data[i].size() == proj_types[i].size(), "one ggml type per matrix");
@@ -68,9 +69,19 @@ class LayerPlan {
   // slots first[t] .. end[t] - 1, then extra[t] up to its first -1 (ops::attend); cos, sin [P, hd].
   torch::Tensor forward(torch::Tensor x, torch::Tensor keys, torch::Tensor values, torch::Tensor positions, torch::Tensor first,
                         torch::Tensor end, torch::Tensor extra, int64_t start, torch::Tensor cos, torch::Tensor sin) const {
+    TORCH_CHECK(input_.present(), "this layer plan has no input norm: call forward_input");
     x = x.contiguous();  // what the Python norm's reshape hands the kernel
+    return forward_input(input_(x), x, keys, values, positions, first, end, extra, start, cos, sin);
+  }
+
+  // forward's layer where attention reads h [T, in], given (an EAGLE-3 head's normed [embedding,
+  // features], 2d wide), over the residual x [T, d].
+  torch::Tensor forward_input(torch::Tensor h, torch::Tensor x, torch::Tensor keys, torch::Tensor values, torch::Tensor positions,
+                              torch::Tensor first, torch::Tensor end, torch::Tensor extra, int64_t start, torch::Tensor cos,
+                              torch::Tensor sin) const {
     const int64_t count = x.size(0);
-    auto qkv = qkv_(input_(x)).view({count, heads_ + 2 * kv_heads_, head_dim_});
+    TORCH_CHECK(h.dim() == 2 && h.size(0) == count, "h [T, in] and x [T, d] must have the same rows");
+    auto qkv = qkv_(h).view({count, heads_ + 2 * kv_heads_, head_dim_});
     ops::prepare_qkv(qkv, heads_, q_norm_.present() ? q_norm_.factor : no_factor_, k_norm_.present() ? k_norm_.factor : no_factor_,
                      q_norm_.present() ? q_norm_.eps : 0.0, cos, sin, positions, keys, values, start);
     auto attended = o_(ops::attend(qkv, heads_, keys, values, first, end, extra, scaling_));
