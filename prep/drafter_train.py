@@ -48,7 +48,8 @@ class DrafterConfig:
     """How `train_drafter` shapes and trains the head, and Lightning's trainer flags."""
 
     draft_vocab: int = DEFAULTS.drafter.draft_vocab
-    intermediate_size: int | None = None  # None: the target's
+    intermediate_size: int | None = None  # None: mlp_width of the target's
+    mlp_width: float = DEFAULTS.drafter.mlp_width
     steps: int = DEFAULTS.drafter.steps  # training-time test depth
     epochs: int = DEFAULTS.drafter.epochs
     lr: float = DEFAULTS.drafter.lr
@@ -59,7 +60,8 @@ class DrafterConfig:
     @classmethod
     def from_recipe(cls, recipe: DrafterRecipe, **options) -> DrafterConfig:
         """The fields of a recipe's [drafter] section (flags already applied), plus `options`."""
-        return cls(draft_vocab=recipe.draft_vocab, steps=recipe.steps, epochs=recipe.epochs, lr=recipe.lr, **options)
+        return cls(draft_vocab=recipe.draft_vocab, steps=recipe.steps, epochs=recipe.epochs, lr=recipe.lr,
+                   mlp_width=recipe.mlp_width, **options)
 
 
 class TextData(Dataset):
@@ -210,6 +212,11 @@ def initial_head(head_weight: torch.Tensor, config: EagleConfig, draft_ids: torc
     return head
 
 
+def mlp_width(target_width: int, fraction: float) -> int:
+    """The head's MLP width: `fraction` (in (0, 1], DrafterRecipe) of the target's, in whole blocks of 32 (a Q8_0 row of down_proj), at least one."""
+    return max(32, round(fraction * target_width / 32) * 32)
+
+
 def draft_vocabulary(counts: torch.Tensor, size: int, always: list[int]) -> torch.Tensor:
     """The `size` most chosen target ids, with the `always` ids (EOS) among them: ascending ids [size]."""
     if not 1 <= size <= counts.numel():
@@ -245,7 +252,7 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
     eagle = EagleConfig(
         hidden_size=target.hidden_size, num_heads=body.num_attention_heads, kv_heads=body.num_key_value_heads,
         head_dim=getattr(body, "head_dim", None) or target.hidden_size // body.num_attention_heads,
-        intermediate_size=c.intermediate_size or body.intermediate_size, draft_vocab=len(draft_ids),
+        intermediate_size=c.intermediate_size or mlp_width(body.intermediate_size, c.mlp_width), draft_vocab=len(draft_ids),
         vocab_size=target.vocab_size, feature_layers=tuple(layers),
     )
     gemma = body.model_type.startswith("gemma")

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from prep import recipes
 from prep.cli import main as prep_main
 from prep.drafter_recipe import RESPONSES_MAX_TOKENS, feature_sets, features_budget, training_precision
+from prep.drafter_train import mlp_width
 from prep.router_trainer import StepBar
 from prep.trace_files import INDEX_FILE
 from runtime.session import open_session
@@ -89,6 +90,15 @@ def test_a_bad_drafter_recipe_is_refused_before_any_work(drafter, fix, tiny_mode
     result = CliRunner().invoke(prep_main, ["all", str(tiny_model_dir), "-o", str(tmp_path / "art"), "--with-drafter"])
     assert result.exit_code != 0 and fix in result.output and "Traceback" not in result.output
     assert not (tmp_path / "art").exists() and not (tmp_path / "features").exists()
+
+
+def test_the_heads_mlp_width_is_a_fraction_of_the_targets_in_whole_blocks():
+    assert [mlp_width(4864, 0.25), mlp_width(1536, 0.25), mlp_width(2048, 0.25), mlp_width(4864, 1.0)] == [1216, 384, 512, 4864]
+    assert mlp_width(100, 0.5) == 64 and mlp_width(64, 0.1) == 32  # whole blocks of 32, at least one
+    assert recipes.parse_recipe({"drafter": {"mlp_width": 0.5}}).drafter.mlp_width == 0.5
+    for bad in (0.0, 1.5, -0.25):
+        with pytest.raises(recipes.RecipeError, match=rf"\[drafter\]: mlp_width = {bad} should be a fraction"):
+            recipes.parse_recipe({"drafter": {"mlp_width": bad}})
 
 
 def test_the_drafter_data_are_recipe_lists_and_features_go_beside_the_artifact(tmp_path, monkeypatch):

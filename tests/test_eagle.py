@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from artifacts.format import Stage
 from prep.cli import main as prep_main
-from prep.drafter_train import chain_acceptance
+from prep.drafter_train import chain_acceptance, mlp_width
 from prep.recipes import DEFAULTS
 from runtime.backends.rows import Rows
 from runtime.common.sampling import SamplingParams
@@ -89,6 +89,8 @@ def test_training_writes_a_drafter_stage_that_reports_its_validation(trained):
     session, _, out = trained
     params = session.artifact.stage_params("drafter")
     assert params["draft_vocab"] == 48 and params["steps"] == 3
+    width = session.target.config.intermediate_size  # 128: a quarter, the recipe's default, is one block of 32
+    assert params["intermediate_size"] == mlp_width(width, DEFAULTS.drafter.mlp_width) == 32
     assert 0 < params["draft_vocab_coverage"] <= 1
     assert {f"val/top1@{j}" for j in range(3)} <= set(params["validation"])
     validation = params["validation"]

@@ -211,7 +211,7 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
               help="Features folder written by prep traces --features (repeat for several corpora).")
 @click.option("--draft-vocab", type=COUNT, default=None,
               help="Draft vocabulary: the target's most chosen tokens, FR-Spec style (default: the recipe's).")
-@click.option("--intermediate", type=COUNT, default=None, help="The head's MLP width (default: the target's).")
+@click.option("--intermediate", type=COUNT, default=None, help="The head's MLP width (default: the recipe's mlp_width, a fraction of the target's: a quarter).")
 @click.option("--steps", type=Integer(1, 8), default=None,
               help="Training-time-test depth, draft steps unrolled (default: the recipe's).")
 @click.option("--epochs", type=COUNT, default=None, help="Default: the recipe's.")
