@@ -213,7 +213,10 @@ def initial_head(head_weight: torch.Tensor, config: EagleConfig, draft_ids: torc
 
 
 def mlp_width(target_width: int, fraction: float) -> int:
-    """The head's MLP width: `fraction` (in (0, 1], DrafterRecipe) of the target's, in whole blocks of 32 (a Q8_0 row of down_proj), at least one."""
+    """The head's MLP width: `fraction` (in (0, 1]: DrafterRecipe) of the target's, in whole blocks of 32, at least one.
+
+    down_proj's rows are that wide, and the runtime requantizes them to Q8_0, whose blocks hold 32 values.
+    """
     return max(32, round(fraction * target_width / 32) * 32)
 
 

@@ -9,9 +9,10 @@ output, with its own one-layer KV cache (cropped back to the verified positions 
 The head runs on the native kernels: every matrix is requantized to Q8_0 once at load (a quarter of
 fp32's bytes; a drafted token's cost is what matters, and drafts never change the output: the
 verifier is exact), and its decoder layer is one compiled call, the target decoder's own
-(layer_plan.h), where the kernels are compiled. Drafts are the head's top-1 mapped to target ids (point masses, so exact
-sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only the N draft-vocabulary
-rows the target chose most often in training (FR-Spec's shortlist on the head); `dynaspec=K` scores,
+(layer_plan.h), where the kernels are compiled. Drafts are the head's top-1 mapped to target ids
+(point masses, so exact sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only
+the N draft-vocabulary rows the target chose most often in training (FR-Spec's shortlist on the
+head); `dynaspec=K` scores,
 per draft, the rows of the K clusters DynaSpec's router ranks highest (stage drafter_router, the
 DynaSpec paper's setting: a router shortlisting an EAGLE head's LM head). `conf=P` stops a
 chain where the head's confidence in it, the product of its top-1 probabilities so far (EAGLE-2's
