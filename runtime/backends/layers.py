@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from gguf import GGMLQuantizationType
 
-from runtime.kernels import QuantMatrix, linear, rms_norm, streams
+from runtime.kernels import QuantMatrix, layer_plan, linear, rms_norm, streams
 from runtime.kernels.build import active
 
 SUPPORTED_TYPES = ("gemma3_text", "qwen2", "llama")
@@ -111,9 +111,6 @@ class DecoderLayer:
         return self.compiled or None
 
 
-_NO_TENSOR = torch.empty(0)
-
-
 def activation_kind(module: torch.nn.Module) -> str | None:
     """'silu' or 'gelu_tanh' when the module computes exactly F.silu / F.gelu(approximate='tanh'), else None."""
     if isinstance(module, torch.nn.SiLU) or type(module).__qualname__ == "SiLUActivation":
@@ -125,20 +122,16 @@ def activation_kind(module: torch.nn.Module) -> str | None:
 
 
 def _layer_plan(layer: DecoderLayer, heads: int, kv_heads: int, head_dim: int):
-    ext, kind = active()[1], activation_kind(layer.activation)
+    kind = activation_kind(layer.activation)
     projections = [getattr(layer, name) for name in PROJECTIONS]
-    if ext is None or kind is None or not all(isinstance(p, KernelProjection) for p in projections):
+    if active()[1] is None or kind is None or not all(isinstance(p, KernelProjection) for p in projections):
         return None
     parts = [p.kernel_parts() for p in projections]
     if any(part is None for part in parts):
         return None
     norms = [layer.input_norm, layer.q_norm, layer.k_norm, layer.post_attention_norm, layer.pre_mlp_norm, layer.post_mlp_norm]
-    return ext.LayerPlan(
-        [n.factor if n is not None else _NO_TENSOR for n in norms], [n.eps if n is not None else 0.0 for n in norms],
-        [[w.data for w in matrices] for matrices, _ in parts], [[int(w.ggml_type) for w in matrices] for matrices, _ in parts],
-        [matrices[0].cols for matrices, _ in parts], [bias if bias is not None else _NO_TENSOR for _, bias in parts],
-        heads, kv_heads, head_dim, float(layer.scaling), kind,
-    )
+    return layer_plan([(n.factor, n.eps) if n is not None else None for n in norms], parts, heads, kv_heads, head_dim,
+                      layer.scaling, kind)
 
 
 def layer_type(config, index: int) -> str:

@@ -12,9 +12,8 @@ verifier is exact), and its decoder layer is one compiled call, the target decod
 (layer_plan.h), where the kernels are compiled. Drafts are the head's top-1 mapped to target ids
 (point masses, so exact sampling verifies them as Chen et al.'s q = delta). `frspec=N` keeps only
 the N draft-vocabulary rows the target chose most often in training (FR-Spec's shortlist on the
-head); `dynaspec=K` scores,
-per draft, the rows of the K clusters DynaSpec's router ranks highest (stage drafter_router, the
-DynaSpec paper's setting: a router shortlisting an EAGLE head's LM head). `conf=P` stops a
+head); `dynaspec=K` scores, per draft, the rows of the K clusters DynaSpec's router ranks highest
+(stage drafter_router, the DynaSpec paper's setting: a router shortlisting an EAGLE head's LM head). `conf=P` stops a
 chain where the head's confidence in it, the product of its top-1 probabilities so far (EAGLE-2's
 path score), falls below P: a draft the head doubts costs a verify row and a head step, and usually
 buys nothing. The cut reads only the head's own state, so exact sampling stays exact. Without it
@@ -42,8 +41,7 @@ from runtime.drafters.eagle_head import NORM_EPS, EagleConfig, EagleHead, rotary
 from runtime.drafters.lookup import LookupDrafter
 from runtime.drafters.registry import DraftContext
 from runtime.drafters.router import HEAD_ROUTER_ONNX_FILE, RouterRunner
-from runtime.kernels import QuantMatrix, attend, linear, prepare_qkv, quant_linear_parts, rms_norm
-from runtime.kernels.build import active
+from runtime.kernels import QuantMatrix, attend, layer_plan, linear, prepare_qkv, quant_linear_parts, rms_norm
 
 # EagleHead's parameter names -> the EAGLE-3 checkpoint's (what vLLM, SGLang and llama.cpp's converter read).
 CHECKPOINT_NAMES = {
@@ -121,16 +119,9 @@ def _layer_plan(c: EagleConfig, qkv: list[QuantMatrix], o: QuantMatrix, gate_up:
                 pre_mlp: torch.Tensor):
     """The head's decoder layer as a compiled LayerPlan (Llama's: its only norm inside is the pre-MLP one,
     post_attention_layernorm), or None without compiled kernels."""
-    ext = active()[1]
-    if ext is None:
-        return None
-    none = torch.empty(0)
-    projections = [qkv, [o], gate_up, [down]]
-    return ext.LayerPlan(
-        [none, none, none, none, pre_mlp, none], [0.0, 0.0, 0.0, 0.0, NORM_EPS, 0.0],
-        [[m.data for m in p] for p in projections], [[int(m.ggml_type) for m in p] for p in projections],
-        [p[0].cols for p in projections], [none] * 4, c.num_heads, c.kv_heads, c.head_dim, c.head_dim ** -0.5, "silu",
-    )
+    norms = [None, None, None, None, (pre_mlp, NORM_EPS), None]
+    projections = [(qkv, None), ([o], None), (gate_up, None), ([down], None)]
+    return layer_plan(norms, projections, c.num_heads, c.kv_heads, c.head_dim, c.head_dim ** -0.5, "silu")
 
 
 class ClusterRouter:

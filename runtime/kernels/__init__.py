@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 
 from runtime.kernels.build import active, cpu_flags
-from runtime.kernels.layer_ops import attend, prepare_qkv, rms_norm
+from runtime.kernels.layer_ops import attend, layer_plan, prepare_qkv, rms_norm
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize, quant_linear, quant_linear_parts, take_rows
 from runtime.kernels.screen4_panels import Screen4Panels, pack_screen4, unpack_int4
 
@@ -281,6 +281,7 @@ __all__ = [
     "attend",
     "dequantize",
     "kernel_name",
+    "layer_plan",
     "linear",
     "prepare_qkv",
     "quant_linear",

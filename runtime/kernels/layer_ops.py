@@ -96,3 +96,21 @@ def attend(
             enable_gqa=heads != keys.shape[0],
         )[0, :, 0].reshape(heads * hd))
     return torch.stack(rows)
+
+
+def layer_plan(norms: list, projections: list, heads: int, kv_heads: int, head_dim: int, scaling: float, activation: str):
+    """One decoder layer as one compiled call (layer_plan.h's LayerPlan), or None without compiled kernels.
+
+    norms: (factor [d], eps) or None for each of input, q, k, post-attention, pre-MLP and post-MLP;
+    projections: (QuantMatrix list whose outputs sit side by side, bias [out] or None) for qkv, o,
+    gate_up and down; activation: 'silu' or 'gelu_tanh'.
+    """
+    _, ext = active()
+    if ext is None:
+        return None
+    return ext.LayerPlan(
+        [n[0] if n is not None else _NO_FACTOR for n in norms], [n[1] if n is not None else 0.0 for n in norms],
+        [[m.data for m in matrices] for matrices, _ in projections], [[int(m.ggml_type) for m in matrices] for matrices, _ in projections],
+        [matrices[0].cols for matrices, _ in projections], [bias if bias is not None else _NO_FACTOR for _, bias in projections],
+        heads, kv_heads, head_dim, float(scaling), activation,
+    )
