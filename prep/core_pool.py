@@ -6,7 +6,9 @@ A response to a training prompt or a text's features needs nothing from its neig
 scheduler gives each its own core), loads its state once (`setup(*args)`, e.g. a model) and then maps
 items with `work(state, item)`; results come back in the items' order, so a caller that writes them in
 order (and resumes from what it wrote) works as it does on one process. Workers start with `spawn`:
-nothing of the parent's threads or loaded models is copied into them.
+nothing of the parent's threads or loaded models is copied into them. A worker sends its tensors'
+bytes, not torch's shared-memory handles: a handle is served by its sender, and a worker exits once
+its tasks are done, maybe before the parent has read its last result.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.reduction import ForkingPickler
 
 from runtime.kernels.build import usable_cores
 
@@ -61,7 +64,26 @@ def _start(setup: Callable, args: tuple) -> None:
     import torch
 
     torch.set_num_threads(1)
+    ForkingPickler.register(torch.Tensor, _tensor_by_value)  # in place of torch's own, in this worker
     _state = setup(*args)
+
+
+def _tensor_by_value(tensor) -> tuple[Callable, tuple]:
+    """A reduction of `tensor` that carries its bytes (its dtype, shape and values; not its strides)."""
+    import torch
+
+    flat = tensor.detach().contiguous().reshape(-1)  # [numel]
+    data = flat.view(torch.uint8).numpy().tobytes()  # [numel * element size]
+    return _tensor_from_bytes, (str(flat.dtype).removeprefix("torch."), tuple(tensor.shape), data)
+
+
+def _tensor_from_bytes(dtype: str, shape: tuple[int, ...], data: bytes):
+    """The tensor _tensor_by_value reduced."""
+    import torch
+
+    if not data:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
 
 
 def _run(work_and_item: tuple[Callable, object]):

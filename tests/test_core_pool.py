@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 from click.testing import CliRunner
+from multiprocessing.reduction import ForkingPickler
 
 from prep import core_pool
 from prep.cli import main as prep_main
@@ -96,3 +97,26 @@ def _setup(value):
 
 def _work(state, item):
     return state, item, os.getpid(), torch.get_num_threads()
+
+
+def test_a_tensor_from_a_worker_is_sent_by_value_so_it_outlives_the_worker():
+    """torch sends a tensor between processes as a handle its sender serves; a pool worker exits once
+    its tasks are done, maybe before the parent has read its last result (the pool's result reader
+    then dies, and terminating the pool raises). Ours send the bytes."""
+    sent = list(core_pool.map_on_cores(2, _pickled_tensors, range(2), None, _setup, (None,)))
+    assert not multiprocessing.active_children()  # every sender has exited
+    for item, message in enumerate(sent):
+        received = ForkingPickler.loads(message)
+        assert received.keys() == _tensors(item).keys()
+        for key, tensor in _tensors(item).items():
+            assert received[key].dtype == tensor.dtype and torch.equal(received[key], tensor), key
+
+
+def _tensors(item):
+    return {"float": torch.arange(6.0).reshape(2, 3) + item, "bf16": torch.linspace(-1, 1, 5, dtype=torch.bfloat16),
+            "scalar": torch.tensor(item), "empty": torch.zeros(0, 4, dtype=torch.int16),
+            "strided": torch.arange(12).reshape(3, 4).t(), "bool": torch.tensor([True, False])}
+
+
+def _pickled_tensors(state, item):
+    return bytes(ForkingPickler.dumps(_tensors(item)))
