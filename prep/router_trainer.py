@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -151,6 +152,20 @@ class StepBar(L.Callback):
             self.bar.close()  # before the error line
 
 
+class ProcessGroupClosed(L.Callback):
+    """Close the distributed process group at the end of fit, on every rank together.
+
+    Lightning closes it at exit for NCCL only. A gloo group left open is torn down during each spawned
+    process's interpreter shutdown, with its threads still running, and a rank can abort there
+    ("terminate called without an active exception") after the training succeeded.
+    """
+
+    def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no rank closes its end while another still uses it
+            torch.distributed.destroy_process_group()
+
+
 def fit_and_validate(module: L.LightningModule, data: L.LightningDataModule, flags: dict, max_steps: int,
                      work_dir: Path, progress: bool, run: dict, name: str = "router") -> dict[str, float]:
     """Train for max_steps with `flags`, then validate on one device; returns the validation metrics.
@@ -167,7 +182,7 @@ def fit_and_validate(module: L.LightningModule, data: L.LightningDataModule, fla
     checkpoints = ModelCheckpoint(dirpath=str(folder), save_last="link")  # last.ckpt links the newest epoch's file
     with quiet_lightning():
         trainer = L.Trainer(max_steps=max_steps, logger=CSVLogger(str(work_dir), name="logs"),
-                            callbacks=[checkpoints, *([StepBar(name)] if progress else [])], enable_progress_bar=False,
+                            callbacks=[checkpoints, ProcessGroupClosed(), *([StepBar(name)] if progress else [])], enable_progress_bar=False,
                             enable_model_summary=False, log_every_n_steps=min(10, max_steps), num_sanity_val_steps=0,
                             **flags)
         with ctrl_c_kept(trainer):

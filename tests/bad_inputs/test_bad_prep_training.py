@@ -377,6 +377,20 @@ def test_two_devices_train_in_spawned_processes(art: Path, built_traces: Path, t
     assert not (art / ".lock").exists()
 
 
+
+def test_the_end_of_fit_closes_the_process_group_a_rank_opened():
+    """Each spawned rank closes its gloo group itself, in step with the others (see ProcessGroupClosed)."""
+    from prep.router_trainer import ProcessGroupClosed
+
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        ProcessGroupClosed().teardown(None, None, "fit")
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    ProcessGroupClosed().teardown(None, None, "fit")  # one device: no group, nothing to close
+
 def test_prep_all_refuses_traces_in_the_artifacts_own_folder(tmp_path: Path, tiny_model: Path):
     out = tmp_path / "art"
     prep_fails(["all", tiny_model, "-o", out, "--with-router", "--traces", out], "is the artifact's own folder (-o)",
