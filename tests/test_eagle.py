@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from artifacts import ArtifactError
 from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.drafter_train import chain_acceptance, mlp_width
@@ -234,6 +235,32 @@ def test_a_confident_chain_stops_where_its_path_score_falls_below_conf(trained):
     for kept, confidence in [(1, (scores[0] + scores[1]) / 2), (3, (scores[2] + scores[3]) / 2), (0, 1.0)]:
         assert chain(confidence)[0] == full[:kept]
 
+
+
+def test_a_head_from_another_artifact_of_the_model_drafts_exactly(trained, tmp_path):
+    """eagle:from=ART: a session over an artifact without a head drafts with another artifact's, which
+    is how two heads are compared over one loaded target; the methods share nothing but the target."""
+    model = trained[0].artifact.path.parent / "model"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+        prep_ok(["cluster", model, "-o", tmp_path / "bare", "--clusters", 8])
+        session = open_session(tmp_path / "bare", backend="lean", progress=False)
+    source = trained[0].artifact.path
+    assert_greedy_identity(session, f"spec:eagle:from={source}:conf=0.025", random.Random(1), prompts=3, tokens=30)
+    with pytest.raises(ValueError, match="prep train-drafter"):
+        build_method(session, "spec:eagle")  # its own artifact still has no head
+
+
+def test_a_head_from_another_models_artifact_is_refused_in_one_line(trained, tmp_path):
+    model = save_tiny_model_dir(tmp_path / "tied", tied=True, layers=6)  # another head's weights: another fingerprint
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+        prep_ok(["cluster", model, "-o", tmp_path / "art", "--clusters", 8])
+        session = open_session(tmp_path / "art", backend="lean", progress=False)
+    with pytest.raises(ValueError, match=f"eagle:from={trained[0].artifact.path} was built for .*; name an artifact of"):
+        build_method(session, f"spec:eagle:from={trained[0].artifact.path}")
+    with pytest.raises(ArtifactError, match="is not a specvocab artifact"):
+        build_method(session, f"spec:eagle:from={tmp_path / 'nowhere'}")
 
 def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
     model = save_tiny_model_dir(tmp_path / "model", layers=6)
@@ -463,7 +490,8 @@ def test_routed_eagle_refuses_a_missing_stale_or_too_small_router_in_one_line(ro
                                        ("eagle:dynaspec=0", "dynaspec=K"), ("eagle:frspec=8:dynaspec=2", "frspec=N or"),
                                        ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once"),
                                        ("eagle:conf=-0.1", "0 <= P <= 1"), ("eagle:conf=1.5", "conf=P"),
-                                       ("eagle:conf=high", "conf=P"), ("eagle:conf=0.2:conf=0.3", "at most once")])
+                                       ("eagle:conf=high", "conf=P"), ("eagle:conf=0.2:conf=0.3", "at most once"),
+                                       ("eagle:from=", "from=ART"), ("eagle:from=a:from=b", "at most once")])
 def test_eagle_arguments_are_refused_in_one_line(text, fix):
     from runtime.drafters import parse_drafter
 
@@ -480,3 +508,5 @@ def test_eagle_arguments_have_one_spelling():
     assert parse_drafter("eagle:conf=.3").options == EagleOptions(confidence=0.3)
     assert str(parse_drafter("eagle:lookup:conf=0.4:dynaspec=08")) == "eagle:dynaspec=8:conf=0.4:lookup"
     assert parse_drafter("eagle:conf=0") == parse_drafter("eagle") and str(parse_drafter("eagle:conf=0.0")) == "eagle"
+    assert str(parse_drafter("eagle:lookup:conf=0.40:from=art/q3")) == "eagle:from=art/q3:conf=0.4:lookup"
+    assert parse_drafter("eagle:from=art/q3").options == EagleOptions(source="art/q3")

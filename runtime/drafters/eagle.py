@@ -292,29 +292,34 @@ class EagleDrafter:
             self.lookup.observe(verdict)
 
 
-EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:dynaspec=8, eagle:conf=0.4 or eagle:lookup"
+EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:dynaspec=8, eagle:conf=0.4, eagle:lookup or eagle:from=art/other"
 
 
 @dataclass(frozen=True)
 class EagleOptions:
-    """eagle[:frspec=N|dynaspec=K][:conf=P][:lookup]: frspec=N (N >= 1) keeps the head's N most chosen
+    """eagle[:from=ART][:frspec=N|dynaspec=K][:conf=P][:lookup]: from=ART reads the head (stages drafter,
+    drafter_router) from another artifact built for the same model, a path without ':' (two heads
+    compared over one loaded target, in one bench run); frspec=N (N >= 1) keeps the head's N most chosen
     draft-vocabulary rows; dynaspec=K (K >= 1) scores, per draft, the rows of the K clusters DynaSpec's
     router ranks highest (stage drafter_router); conf=P (0 <= P <= 1; 0, the default, drafts every
     position) ends a chain where the product of the head's top-1 probabilities falls below P; lookup
-    drafts by prompt lookup first. Canonical order: frspec or dynaspec, conf (unless 0), then lookup."""
+    drafts by prompt lookup first. Canonical order: from, frspec or dynaspec, conf (unless 0), then lookup."""
 
     frspec: int | None = None
     lookup: bool = False
     confidence: float = 0.0
     dynaspec: int | None = None
+    source: str | None = None  # from=ART; None: the session's artifact
 
     @classmethod
     def parse(cls, args: list[str]) -> EagleOptions:
-        frspec, dynaspec, lookup, confidence = None, None, False, None
+        frspec, dynaspec, lookup, confidence, source = None, None, False, None, None
         for arg in args:
             option, _, value = arg.partition("=")
             positive = is_digits(value) and int(value) >= 1
-            if option == "frspec" and frspec is None and dynaspec is None and positive:
+            if option == "from" and source is None and value:
+                source = value
+            elif option == "frspec" and frspec is None and dynaspec is None and positive:
                 frspec = int(value)
             elif option == "dynaspec" and dynaspec is None and frspec is None and positive:
                 dynaspec = int(value)
@@ -323,12 +328,13 @@ class EagleOptions:
             elif arg == "lookup" and not lookup:
                 lookup = True
             else:
-                raise ValueError(f"eagle takes frspec=N or dynaspec=K (N, K >= 1), conf=P (0 <= P <= 1) and lookup, "
-                                 f"each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
-        return cls(frspec, lookup, confidence or 0.0, dynaspec)
+                raise ValueError(f"eagle takes from=ART, frspec=N or dynaspec=K (N, K >= 1), conf=P (0 <= P <= 1) and "
+                                 f"lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
+        return cls(frspec, lookup, confidence or 0.0, dynaspec, source)
 
     def format(self) -> tuple[str, ...]:
-        words = [] if self.frspec is None else [f"frspec={self.frspec}"]
+        words = [] if self.source is None else [f"from={self.source}"]
+        words += [] if self.frspec is None else [f"frspec={self.frspec}"]
         words += [] if self.dynaspec is None else [f"dynaspec={self.dynaspec}"]
         words += [f"conf={number_text(self.confidence)}"] if self.confidence else []
         return (*words, *["lookup"] * self.lookup)
@@ -337,7 +343,8 @@ class EagleOptions:
         """The eagle drafter over the artifact's stage `drafter` (trained by prep train-drafter)."""
         from artifacts.format import Stage
 
-        target, artifact = context.target, context.artifact
+        target = context.target
+        artifact = context.artifact if self.source is None else self.other_artifact(context)
         if artifact is None or not artifact.has_stage(Stage.DRAFTER):
             where = artifact.path if artifact is not None else "ART"
             raise ValueError(f"the eagle drafter needs stage drafter; run: prep train-drafter {where} --features FEATURES")
@@ -349,14 +356,26 @@ class EagleOptions:
                              f"give N <= {config.draft_vocab}")
         stage = None
         if self.dynaspec is not None:
-            stage = context.once(("eagle", "router"), lambda: HeadRouterStage.load(artifact))
+            stage = context.once(("eagle", self.source, "router"), lambda: HeadRouterStage.load(artifact))
             stage.check_k(self.dynaspec)
-            weights = context.once(("eagle", "dynaspec"), lambda: KernelWeights.of(
+            weights = context.once(("eagle", self.source, "dynaspec"), lambda: KernelWeights.of(
                 head_from_stage(artifact.read_stage(Stage.DRAFTER), config), stage.order))
         else:
-            weights = context.once(("eagle", self.frspec), lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
+            weights = context.once(("eagle", self.source, self.frspec),
+                                   lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
         router = None if stage is None else ClusterRouter(stage.runner, stage.starts, self.dynaspec)
         return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None, self.confidence, router)
+
+    def other_artifact(self, context: DraftContext):
+        """The artifact from=ART names, checked to be built for the session's model (a one-line error if not)."""
+        from artifacts import Artifact, same_model
+
+        other = Artifact.open(self.source)
+        model = context.target_info if context.target_info is not None else getattr(context.artifact, "model", None)
+        if model is not None and not same_model(other.model, model):
+            raise ValueError(f"eagle:from={self.source} was built for {other.model.name}, not this session's "
+                             f"{model.name}; name an artifact of {model.name}")
+        return other
 
     def weights(self, tensors: dict[str, torch.Tensor], config: EagleConfig) -> KernelWeights:
         """Stage drafter's tensors on the kernels, cut to FR-Spec's shortlist (the draft rows chosen most in training) if asked."""
