@@ -182,8 +182,8 @@ def fit_and_validate(module: L.LightningModule, data: L.LightningDataModule, fla
     checkpoints = ModelCheckpoint(dirpath=str(folder), save_last="link")  # last.ckpt links the newest epoch's file
     with quiet_lightning():
         trainer = L.Trainer(max_steps=max_steps, logger=CSVLogger(str(work_dir), name="logs"),
-                            callbacks=[checkpoints, ProcessGroupClosed(), *([StepBar(name)] if progress else [])], enable_progress_bar=False,
-                            enable_model_summary=False, log_every_n_steps=min(10, max_steps), num_sanity_val_steps=0,
+                            callbacks=[checkpoints, ProcessGroupClosed(), *([StepBar(name)] if progress else [])],
+                            enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=min(10, max_steps), num_sanity_val_steps=0,
                             **flags)
         with ctrl_c_kept(trainer):
             trainer.fit(module, datamodule=data, ckpt_path=None if resume is None else str(resume))

@@ -126,7 +126,6 @@ def test_kernel_head_matches_the_training_module(trained):
     torch.testing.assert_close(second, reference[1][-1:], atol=1e-4, rtol=1e-4)
 
 
-
 def test_the_compiled_layer_gives_the_bits_of_its_ops_one_at_a_time(trained):
     """KernelHead's layer as one compiled call (layer_plan.h's forward_input) equals the same kernels called one
     at a time from Python, bit for bit, over a catch-up, a chain step and a token tree's level."""
@@ -144,6 +143,7 @@ def test_the_compiled_layer_gives_the_bits_of_its_ops_one_at_a_time(trained):
         level = runner.step(embeds[6:8], torch.cat([chained, chained]), Rows(6, 2, 5, [[0, 1], [0, 2]]))  # node 0's children
         outs.append(torch.cat([caught_up, chained, level]))
     assert torch.equal(outs[0], outs[1])
+
 
 # The tiny head is near uniform over its 48 rows (top-1 ~0.029): conf=0.025 drafts one token a round.
 @pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive",
@@ -236,7 +236,6 @@ def test_a_confident_chain_stops_where_its_path_score_falls_below_conf(trained):
         assert chain(confidence)[0] == full[:kept]
 
 
-
 def test_a_head_from_another_artifact_of_the_model_drafts_exactly(trained, tmp_path):
     """eagle:from=ART: a session over an artifact without a head drafts with another artifact's, which
     is how two heads are compared over one loaded target; the methods share nothing but the target."""
@@ -261,6 +260,7 @@ def test_a_head_from_another_models_artifact_is_refused_in_one_line(trained, tmp
         build_method(session, f"spec:eagle:from={trained[0].artifact.path}")
     with pytest.raises(ArtifactError, match="is not a specvocab artifact"):
         build_method(session, f"spec:eagle:from={tmp_path / 'nowhere'}")
+
 
 def test_eagle_refuses_an_artifact_without_the_stage(tmp_path):
     model = save_tiny_model_dir(tmp_path / "model", layers=6)

@@ -377,7 +377,6 @@ def test_two_devices_train_in_spawned_processes(art: Path, built_traces: Path, t
     assert not (art / ".lock").exists()
 
 
-
 def test_the_end_of_fit_closes_the_process_group_a_rank_opened():
     """Each spawned rank closes its gloo group itself, in step with the others (see ProcessGroupClosed)."""
     from prep.router_trainer import ProcessGroupClosed
@@ -390,6 +389,7 @@ def test_the_end_of_fit_closes_the_process_group_a_rank_opened():
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     ProcessGroupClosed().teardown(None, None, "fit")  # one device: no group, nothing to close
+
 
 def test_prep_all_refuses_traces_in_the_artifacts_own_folder(tmp_path: Path, tiny_model: Path):
     out = tmp_path / "art"
