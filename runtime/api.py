@@ -181,9 +181,9 @@ class Engine:
         return build_method(self.session, method.spec)  # named str(spec), as Engine.method names it
 
     def default_method(self) -> MethodSpec:
-        """The method generate runs when none is named: the fastest exact one this artifact and CPU
-        allow (runtime.methods.default_method)."""
-        return default_method(self.session.best_bound())
+        """The method generate runs when none is named: the fastest exact one this artifact (its
+        screening stages, its draft head) and CPU allow (runtime.methods.default_method)."""
+        return default_method(self.session.best_bound(), self.session.has_draft_head())
 
     @property
     def context_length(self) -> int | None:

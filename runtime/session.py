@@ -70,6 +70,10 @@ class Session:
             return "screen4"
         return "screen" if self.artifact.has_stage(Stage.SCREEN) else None
 
+    def has_draft_head(self) -> bool:
+        """Whether the artifact has a trained draft head (stage drafter), which the eagle drafter reads."""
+        return self.artifact.has_stage(Stage.DRAFTER)
+
     def certified_head(
         self, bound: str = "screen", max_open_fraction: float = 0.25, adaptive_budget: bool = False
     ) -> CertifiedHead:

@@ -18,6 +18,7 @@ from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.drafter_train import chain_acceptance, mlp_width
 from prep.recipes import DEFAULTS
+from runtime import api
 from runtime.backends.rows import Rows
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
@@ -164,6 +165,20 @@ def assert_greedy_identity(session, method: str, rng: random.Random, prompts: in
         assert decoded == reference
         drafted += stats.spec.drafted
     assert drafted > 0
+
+
+def test_the_default_method_drafts_with_the_head_where_the_artifact_has_one(trained, tmp_path):
+    """generate without --method: the head beside lookup on an artifact with a head, lookup without one."""
+    session = trained[0]
+    engine = api.Engine(session)
+    assert str(engine.default_method()) == "spec:eagle:conf=0.4:lookup+csv:screen"  # prep cluster writes the int8 screen
+    # The tiny head is near uniform, so conf=0.4 leaves the drafting to lookup; a confident head drafts itself.
+    assert_greedy_identity(session, str(engine.default_method()), random.Random(2), prompts=3, tokens=40)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+        prep_ok(["cluster", session.artifact.path.parent / "model", "-o", tmp_path / "bare", "--clusters", 8])
+        bare = open_session(tmp_path / "bare", backend="lean", progress=False)
+    assert str(api.Engine(bare).default_method()) == "spec:lookup+csv:screen"
 
 
 def test_a_session_requantizes_the_head_once_per_shortlist(trained, monkeypatch):

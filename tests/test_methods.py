@@ -75,11 +75,14 @@ def test_the_canonical_text_of_documented_names_is_unchanged(name):
     assert canonical(spec) == CANONICAL[name] and meaning(parse_method(CANONICAL[name])) == meaning(spec)
 
 
-def test_the_default_method_is_lookup_through_the_best_bound_given():
+def test_the_default_method_drafts_by_lookup_or_the_head_through_the_best_bound_given():
     """What generate runs without --method: exact (distribution-preserving) in every case."""
     named = {bound: canonical(default_method(bound)) for bound in ("screen4", "screen", None)}
     assert named == {"screen4": "spec:lookup+csv:screen4", "screen": "spec:lookup+csv:screen", None: "spec:lookup"}
-    assert all(default_method(bound).distribution_preserving for bound in named)
+    headed = {bound: canonical(default_method(bound, has_head=True)) for bound in ("screen4", "screen", None)}
+    assert headed == {"screen4": "spec:eagle:conf=0.4:lookup+csv:screen4", "screen": "spec:eagle:conf=0.4:lookup+csv:screen",
+                      None: "spec:eagle:conf=0.4:lookup"}
+    assert all(default_method(bound, head).distribution_preserving for bound in named for head in (False, True))
 
 
 @pytest.mark.parametrize("name, fragment", [

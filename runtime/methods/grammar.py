@@ -32,14 +32,19 @@ from runtime.methods.registry import ALIASES, METHODS
 from runtime.methods.spec import HEADS, MethodSpec, canonical, marked
 
 DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "
-                       "spec:lookup+csv, else spec:lookup")
+                       "spec:lookup+csv, else spec:lookup; with a trained draft head (prep train-drafter) "
+                       "eagle:conf=0.4:lookup drafts instead of lookup")
+HEAD_DRAFTER = "eagle:conf=0.4:lookup"  # the default's drafter where the artifact has a head (docs/methods.md)
 
 
-def default_method(bound: str | None) -> MethodSpec:
-    """The method run when none is named: the lookup drafter (the fastest drafter on every packaged
-    model, docs/results/) verified through the certified head with `bound` (screen4 or screen), or
-    through the full head when the artifact has no screening stage (bound None)."""
-    return parse_method(f"spec:lookup+csv:{bound}" if bound else "spec:lookup")
+def default_method(bound: str | None, has_head: bool = False) -> MethodSpec:
+    """The method run when none is named: verified through the certified head with `bound` (screen4 or
+    screen), or through the full head when the artifact has no screening stage (bound None), drafting by
+    prompt lookup, or where the artifact has a trained draft head (`has_head`) by the head beside lookup
+    (HEAD_DRAFTER: lookup where the context has a match, else the head's confident drafts). Both measured
+    fastest of their drafters on every packaged model (docs/methods.md#the-default-method)."""
+    drafter = HEAD_DRAFTER if has_head else "lookup"
+    return parse_method(f"spec:{drafter}+csv:{bound}" if bound else f"spec:{drafter}")
 
 
 def methods_help() -> str:
