@@ -107,6 +107,8 @@ def map_on_cores(workers: int, work: Callable, items: Iterable, state, setup: Ca
     try:
         yield from pool.imap(_run, ((work, item) for item in items))
         pool.close()
+        pool.join()  # the workers exit on their own, so their exit handlers run (terminate kills them before:
+        # a semaphore one made, tqdm's lock, then reads as leaked at the parent's exit)
     finally:
         pool.terminate()
         pool.join()

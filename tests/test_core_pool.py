@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import random
 
@@ -97,6 +98,25 @@ def _setup(value):
 
 def _work(state, item):
     return state, item, os.getpid(), torch.get_num_threads()
+
+
+def test_the_workers_end_on_their_own_so_their_exit_handlers_run(tmp_path):
+    """The pool lets its workers exit rather than killing them: a worker's exit handlers run (among them
+    the one that unregisters a lock tqdm made, which otherwise reads as a leaked semaphore, a warning
+    at the parent's exit)."""
+    served = set(core_pool.map_on_cores(2, _pid, range(6), None, _exit_marker, (str(tmp_path),)))
+    marked = {int(p.name) for p in tmp_path.iterdir()}
+    assert len(marked) == 2 and served <= marked
+
+
+def _exit_marker(folder: str):
+    """Setup: write FOLDER/PID as this worker exits (multiprocessing's exit handlers, which a kill skips)."""
+    pid = os.getpid()
+    multiprocessing.util.Finalize(None, lambda: open(os.path.join(folder, str(pid)), "w").close(), exitpriority=10)
+
+
+def _pid(state, item):
+    return os.getpid()
 
 
 def test_a_tensor_from_a_worker_is_sent_by_value_so_it_outlives_the_worker():
