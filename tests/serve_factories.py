@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from contextlib import contextmanager
 
@@ -44,6 +45,33 @@ def alone(engine: Engine, prompt, method=None, max_tokens: int = 16, temperature
     """The tokens a fresh `runtime generate` run gives: the method built anew, as in a new process."""
     plan = engine.prepare(prompt, method, SamplingParams(temperature, 0, top_p), max_tokens, chat, None, stop, seed)
     return Generation(engine.tokenizer, plan.stream(build_method(engine.session, plan.spec))).wait().tokens
+
+
+def post_all(url: str, bodies: list[dict], path: str = "/v1/completions") -> list[dict]:
+    """POST every body at once (one thread each); the JSON answers in order."""
+    answers: list = [None] * len(bodies)
+
+    def post(i: int) -> None:
+        answers[i] = httpx.post(url + path, json=bodies[i], timeout=60).json()
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
+def posted_in_one_batch(url: str, scheduler: Scheduler, bodies: list[dict]) -> list[dict]:
+    """POST every body at once to a server whose scheduler is not started yet, start it once all of them
+    wait (so they are admitted in one step), and return the JSON answers in order."""
+    answers: list = []
+    poster = threading.Thread(target=lambda: answers.extend(post_all(url, bodies)))
+    poster.start()
+    wait_until(lambda: scheduler.pending == len(bodies))  # all queued before the scheduler runs: one batch
+    scheduler.start()
+    poster.join()
+    return answers
 
 
 def wait_until(condition, timeout: float = 10.0) -> None:

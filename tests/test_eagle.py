@@ -29,6 +29,7 @@ from runtime.loops.decode import generate_ar
 from runtime.methods import build_method
 from runtime.session import open_session
 from tests.factories import prep_ok, save_tiny_model_dir
+from tests.serve_factories import alone, model_name, posted_in_one_batch, running
 
 TEXTS = 60
 
@@ -179,6 +180,21 @@ def test_the_default_method_drafts_with_the_head_where_the_artifact_has_one(trai
         prep_ok(["cluster", session.artifact.path.parent / "model", "-o", tmp_path / "bare", "--clusters", 8])
         bare = open_session(tmp_path / "bare", backend="lean", progress=False)
     assert str(api.Engine(bare).default_method()) == "spec:lookup+csv:screen"
+
+
+def test_the_server_decodes_with_the_head_under_load_as_alone(trained):
+    """runtime serve over an artifact with a head: its default method (the head beside lookup) and a chain
+    the head drafts give every request the tokens it gets alone, with the others in the same forwards."""
+    engine = api.Engine(trained[0])
+    prompts = [("w5 w9 w31 w5 w9 w17", 24), ("w40 w41 w42", 30), ("w7 w7 w8 w9 w10 w7 w7", 17)]
+    for method in (None, "spec:eagle:conf=0.025"):  # None: the server's default, spec:eagle:conf=0.4:lookup+csv:screen
+        expected = [alone(engine, prompt, method, max_tokens=n) for prompt, n in prompts]
+        bodies = [{"model": model_name(engine), "prompt": prompt, "max_tokens": n, "temperature": 0,
+                   "return_token_ids": True, **({"method": method} if method else {})} for prompt, n in prompts]
+        with running(engine, start=False) as (url, scheduler):
+            answers = posted_in_one_batch(url, scheduler, bodies)
+            assert scheduler.metrics.peak_fused == len(prompts)  # they ran in one forward
+        assert [answer["choices"][0]["token_ids"] for answer in answers] == expected, method
 
 
 def test_a_session_requantizes_the_head_once_per_shortlist(trained, monkeypatch):

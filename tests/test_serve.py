@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 
 import httpx
 import pytest
 
 from factories import tiny_engine
-from serve_factories import CHAT_TEMPLATE, alone, model_name, running, sse_payloads, wait_until
+from serve_factories import CHAT_TEMPLATE, alone, model_name, posted_in_one_batch, running, sse_payloads, wait_until
 
 TARGET = "w5 w9 w31 w5 w9 w17"
 # Concurrent others: prompts and lengths that differ from the target's and from each other.
@@ -23,33 +22,13 @@ def engine(tiny_model_dir, tmp_path_factory):
     return engine
 
 
-def _post_all(url: str, bodies: list[dict], path: str = "/v1/completions") -> list[dict]:
-    """POST every body at once (one thread each); the JSON answers in order."""
-    answers: list = [None] * len(bodies)
-
-    def post(i: int) -> None:
-        answers[i] = httpx.post(url + path, json=bodies[i], timeout=60).json()
-
-    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return answers
-
-
 def _load(engine, url: str, scheduler, others: int, extra: dict) -> list[dict]:
     """The target request among `others` concurrent ones, all admitted in the same step; their answers."""
     bodies = [{"prompt": TARGET, "max_tokens": 24, **extra}]
     bodies += [{"prompt": p, "max_tokens": n, **extra} for p, n in OTHERS[:others]]
     for body in bodies:
         body.update(model=model_name(engine), return_token_ids=True)
-    answers: list = []
-    poster = threading.Thread(target=lambda: answers.extend(_post_all(url, bodies)))
-    poster.start()
-    wait_until(lambda: scheduler.pending == len(bodies))  # all queued before the scheduler runs: one batch
-    scheduler.start()
-    poster.join()
+    answers = posted_in_one_batch(url, scheduler, bodies)
     assert scheduler.metrics.peak_batch_size == len(bodies)  # they really ran together
     assert scheduler.metrics.peak_fused == len(bodies)  # in one forward
     assert scheduler.metrics.peak_head_fused == len(bodies)  # and one head call
