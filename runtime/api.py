@@ -180,10 +180,14 @@ class Engine:
             return method
         return build_method(self.session, method.spec)  # named str(spec), as Engine.method names it
 
-    def default_method(self) -> MethodSpec:
+    def default_method(self, serving: bool = False) -> MethodSpec:
         """The method generate runs when none is named: the fastest exact one this artifact (its
-        screening stages, its draft head) and CPU allow (runtime.methods.default_method)."""
-        return default_method(self.session.best_bound(), self.session.has_draft_head())
+        screening stages, its draft head) and CPU allow (runtime.methods.default_method).
+
+        serving: the server's default instead, which drafts by lookup with a head too: the head drafts
+        for each request apart, outside the fused forward, and under load that cost more than it gained
+        (docs/serving.md#the-default-method-under-load)."""
+        return default_method(self.session.best_bound(), self.session.has_draft_head() and not serving)
 
     @property
     def context_length(self) -> int | None:

@@ -23,7 +23,7 @@ CHAT_TEMPLATE = "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} {
 def running(engine: Engine, start: bool = True, max_batch: int = 8, max_queue: int = 64, **app_options):
     """(base URL, scheduler) of a server on 127.0.0.1 (any free port), its scheduler on a thread when `start`."""
     scheduler = Scheduler(engine, max_batch, max_queue)
-    app = create_app(scheduler, model_name(engine), str(engine.default_method()), **app_options)
+    app = create_app(scheduler, model_name(engine), str(engine.default_method(serving=True)), **app_options)
     sock = listen("127.0.0.1", 0)
     server, thread = start_http(app, sock)
     if start:

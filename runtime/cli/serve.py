@@ -8,7 +8,7 @@ import click
 
 from runtime.cli import values
 from runtime.cli.group import clean_errors, main, model_options
-from runtime.methods import DEFAULT_METHOD_HELP
+from runtime.methods import SERVING_DEFAULT_METHOD_HELP
 
 
 @main.command()
@@ -16,7 +16,7 @@ from runtime.methods import DEFAULT_METHOD_HELP
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", type=values.Integer(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--method", type=values.METHOD, default=None,
-              help=f"Method for requests that name none (default: {DEFAULT_METHOD_HELP}); a request may name its own "
+              help=f"Method for requests that name none (default: {SERVING_DEFAULT_METHOD_HELP}); a request may name its own "
                    "in the extra field \"method\".")
 @click.option("--max-batch", type=values.Integer(1, 64), default=8, show_default=True,
               help="Requests decoded at once; the rest wait in the queue.")
@@ -51,7 +51,7 @@ def serve(artifact, host, port, method, max_batch, max_queue, timeout, api_key, 
             raise click.BadParameter(str(e), param_hint="'--method'") from None
     sock = listen(host, port)  # a port in use fails before the model loads
     engine = api.load(artifact, model, backend=backend)
-    spec = method or engine.default_method()
+    spec = method or engine.default_method(serving=True)
     engine.method(spec)  # built now: the first request does not wait for it
     scheduler = Scheduler(engine, max_batch, max_queue)
     name = engine.session.model.info.name

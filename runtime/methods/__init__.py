@@ -13,11 +13,11 @@ from runtime.drafters import DrafterSpec
 from runtime.methods import plain, chain, tree, mjsd, llamacpp  # noqa: F401
 # isort: on
 from runtime.methods.build import Method, build_method
-from runtime.methods.grammar import DEFAULT_METHOD_HELP, check_distinct, default_method, methods_help, parse_method, parse_methods
+from runtime.methods.grammar import DEFAULT_METHOD_HELP, SERVING_DEFAULT_METHOD_HELP, check_distinct, default_method, methods_help, parse_method, parse_methods
 from runtime.methods.registry import ALIASES, METHODS, MethodAlias, MethodEntry, register_alias, register_method
 from runtime.methods.spec import HEADS, NOT_PRESERVING, MethodSpec, canonical, marked, preserves_distribution
 from runtime.methods.streamer import Streamer
 
-__all__ = ["ALIASES", "DEFAULT_METHOD_HELP", "HEADS", "METHODS", "NOT_PRESERVING", "DrafterSpec", "Method", "MethodAlias",
+__all__ = ["ALIASES", "DEFAULT_METHOD_HELP", "HEADS", "METHODS", "NOT_PRESERVING", "SERVING_DEFAULT_METHOD_HELP", "DrafterSpec", "Method", "MethodAlias",
            "MethodEntry", "MethodSpec", "Streamer", "build_method", "canonical", "check_distinct", "default_method", "marked",
            "methods_help", "parse_method", "parse_methods", "preserves_distribution", "register_alias", "register_method"]

@@ -34,6 +34,9 @@ from runtime.methods.spec import HEADS, MethodSpec, canonical, marked
 DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "
                        "spec:lookup+csv, else spec:lookup; with a trained draft head (prep train-drafter) "
                        "eagle:conf=0.4:lookup drafts instead of lookup")
+SERVING_DEFAULT_METHOD_HELP = ("spec:lookup+csv:screen4 where the artifact and CPU allow it, else spec:lookup+csv, else "
+                               "spec:lookup, with a draft head too: a head drafts for each request apart, which costs "
+                               "a loaded server more than it gains (name spec:eagle:... to use it)")
 HEAD_DRAFTER = "eagle:conf=0.4:lookup"  # the default's drafter where the artifact has a head (docs/methods.md)
 
 
