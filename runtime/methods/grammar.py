@@ -31,13 +31,13 @@ from runtime.drafters import drafters_help
 from runtime.methods.registry import ALIASES, METHODS
 from runtime.methods.spec import HEADS, MethodSpec, canonical, marked
 
-DEFAULT_METHOD_HELP = ("the fastest exact method the artifact and CPU allow: spec:lookup+csv:screen4, else "
-                       "spec:lookup+csv, else spec:lookup; with a trained draft head (prep train-drafter) "
-                       "eagle:conf=0.4:lookup drafts instead of lookup")
-SERVING_DEFAULT_METHOD_HELP = ("spec:lookup+csv:screen4 where the artifact and CPU allow it, else spec:lookup+csv, else "
-                               "spec:lookup, also where the artifact has a draft head: the head drafts for each request "
-                               "apart, which costs a loaded server more than it gains (a request may name spec:eagle:...)")
 HEAD_DRAFTER = "eagle:conf=0.4:lookup"  # the default's drafter where the artifact has a head (docs/methods.md)
+_LOOKUP_DEFAULTS = "spec:lookup+csv:screen4, else spec:lookup+csv, else spec:lookup"  # default_method without a head
+DEFAULT_METHOD_HELP = (f"the fastest exact method the artifact and CPU allow: {_LOOKUP_DEFAULTS}; with a trained draft "
+                       f"head (prep train-drafter) {HEAD_DRAFTER} drafts instead of lookup")
+SERVING_DEFAULT_METHOD_HELP = (f"the fastest exact method the artifact and CPU allow with lookup: {_LOOKUP_DEFAULTS}, "
+                               "also where the artifact has a draft head: the head drafts for each request apart, which "
+                               "costs a loaded server more than it gains (a request may name spec:eagle:...)")
 
 
 def default_method(bound: str | None, has_head: bool = False) -> MethodSpec:
