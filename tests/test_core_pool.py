@@ -16,7 +16,7 @@ from multiprocessing.reduction import ForkingPickler
 from prep import core_pool
 from prep.cli import main as prep_main
 from prep.trace_files import load_traces
-from tests.factories import prep_ok, save_tiny_model_dir
+from factories import prep_ok, save_tiny_model_dir
 
 FIELDS = ["input_ids", "top_ids", "top_probs", "hidden", "features", "doc", "split"]
 

@@ -14,7 +14,7 @@ from prep.drafter_train import mlp_width
 from prep.router_trainer import StepBar
 from prep.trace_files import INDEX_FILE
 from runtime.session import open_session
-from tests.factories import prep_ok, save_tiny_model_dir
+from factories import prep_ok, save_tiny_model_dir
 
 TINY_DRAFTER = recipes.DrafterRecipe(draft_vocab=48, epochs=1, responses=("pyfunctions:3",), corpora=("pystdlib:600",),
                                      precision="32-true")

@@ -25,7 +25,7 @@ from runtime.common.sampling import SamplingParams
 from runtime.drafters.router import RouterRunner
 from runtime.session import open_session
 from runtime.loops.speculative import generate_speculative
-from tests.factories import prep_ok
+from factories import prep_ok
 
 TEXTS = 80
 

@@ -28,8 +28,8 @@ from runtime.kernels import dequantize
 from runtime.loops.decode import generate_ar
 from runtime.methods import build_method
 from runtime.session import open_session
-from tests.factories import prep_ok, save_tiny_model_dir
-from tests.serve_factories import alone, model_name, posted_in_one_batch, running
+from factories import prep_ok, save_tiny_model_dir
+from serve_factories import alone, model_name, posted_in_one_batch, running
 
 TEXTS = 60
 
@@ -340,7 +340,7 @@ def test_export_loads_in_readers_written_from_vllm_and_sglang(trained, tmp_path)
     config.json, every parameter is filled, and both map the draft rows to the stage's target ids."""
     import safetensors.torch
 
-    from tests.eagle3_loaders import sglang_read, vllm_read
+    from eagle3_loaders import sglang_read, vllm_read
 
     session, _, _ = trained
     out = tmp_path / "head"

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from prep.cli import main as prep_main
 from prep.responses import FUNCTIONS_PER_FILE, function_prompts, partial_path, training_prompts, write_responses
-from tests.factories import prep_ok, save_tiny_model_dir, tiny_artifact
+from factories import prep_ok, save_tiny_model_dir, tiny_artifact
 
 SOURCE = '''"""A module."""
 import os
