@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 from runtime import api
 from runtime.bench.contention import busy_loops
 from runtime.kernels.build import usable_cores
-from runtime.kernels import (attend, decode_threads, kernel_name, linear, quant_linear_parts, rms_norm, screen_gemv, screen_gemv_int16,
+from runtime.kernels import (attend, decode_threads, dequantize, kernel_name, linear, quant_linear_parts, rms_norm, screen_gemv, screen_gemv_int16,
                              set_kernel_threads, take_rows, thread_stats, threads_restored, torch_threads)
 
 from factories import random_matrix
@@ -64,6 +64,14 @@ def test_fp32_linear_and_take_rows() -> None:
     w = random_matrix(T.Q6_K, 900, 512, seed=6)
     ids = torch.randint(0, 900, (400,), generator=torch.Generator().manual_seed(7))
     assert_thread_independent(lambda: (linear(x, weight), take_rows(w, ids)))
+
+
+def test_a_region_of_more_chunks_than_a_run_word_holds() -> None:
+    """take_rows over 64 x 65,537 ids: more chunks than pool.h's kMaxChunks, run in groups, each row once."""
+    w = random_matrix(T.F32, 50, 1, seed=10)
+    ids = torch.randint(0, 50, (64 * 65_537,), generator=torch.Generator().manual_seed(11))
+    assert torch.equal(take_rows(w, ids), dequantize(w)[ids])
+    assert_thread_independent(lambda: take_rows(w, ids))
 
 
 def test_rms_norm_and_attention() -> None:
