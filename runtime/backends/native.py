@@ -17,6 +17,7 @@ lean backend fuses them; each output is the same dot product either way).
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from runtime.backends.layers import DecoderLayer, KernelProjection, RMSNorm, Uns
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.target import DecoderTarget
 from runtime.kernels import QuantMatrix, dequantize, quant_linear_parts, take_rows
+from runtime.kernels import hugepages
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, kernel_layout, type_name
 
 
@@ -147,11 +149,20 @@ class _Builder:
             if self.permuted and count:  # a copy of the rows in transformers' order (q and k: small)
                 rows = matrix.data[_rope_order(matrix.rows, count)]
                 matrix = QuantMatrix(rows, matrix.ggml_type, matrix.rows, matrix.cols)
-            parts.append(matrix)
+            parts.append(self.resident(f"{name}.weight", matrix))
         biases = [self.tensors.vector(f"{name}.bias") for name in names] if bias else []
         if biases and any(b is None for b in biases):
             raise UnsupportedModel("q/k/v projections with partial biases are not supported; use --backend transformers")
         return NativeProjection(parts, torch.cat(biases) if biases else None)
+
+    def resident(self, name: str, matrix: QuantMatrix) -> QuantMatrix:
+        """`matrix` (read from the file's tensor `name`) in huge-page memory, the file's mapped pages of it
+        released; `matrix` itself where there is none (hugepages.enabled)."""
+        if not hugepages.enabled():
+            return matrix
+        copied = replace(matrix, data=hugepages.resident(matrix.data))
+        self.tensors.file.release(name)
+        return copied
 
     def layer(self, index: int) -> DecoderLayer:
         hf, blk, config = self.body.layers[index], f"blk.{index}", self.config
@@ -196,7 +207,8 @@ class _Builder:
 
 
 def native_target(gguf_path: str | Path, config, eos_token_ids: set[int] | frozenset[int]) -> DecoderTarget:
-    """TargetModel over a GGUF file's blocks (memory-mapped), bit-identical to the lean backend.
+    """TargetModel over a GGUF file's blocks, bit-identical to the lean backend: the matrices copied into
+    huge-page memory where the kernel gives it (runtime.kernels.hugepages), else read from the mapped file.
 
     UnsupportedModel (one line, naming `--backend lean`) for an architecture the ladder lacks or a
     tensor type the kernels do not read.
@@ -204,7 +216,7 @@ def native_target(gguf_path: str | Path, config, eos_token_ids: set[int] | froze
     check_supported(config)
     tensors = open_gguf(gguf_path)
     torch.set_flush_denormal(True)  # as the lean backend, so both treat subnormal weights alike
-    table = tensors.matrix("token_embd.weight")
-    head = tensors.matrix("output.weight") if "output.weight" in tensors else table
     builder = _Builder(tensors, config)
+    table = builder.resident("token_embd.weight", tensors.matrix("token_embd.weight"))
+    head = builder.resident("output.weight", tensors.matrix("output.weight")) if "output.weight" in tensors else table
     return DecoderTarget("native", builder.decoder(table), table, head, tensors.vector("output.bias"), eos_token_ids)

@@ -1,0 +1,82 @@
+"""Weights in memory backed by 2 MiB pages: the kernels stream every matrix once per step, and on 4 KiB
+pages each step walks ~100k page-table entries (qwen2.5-coder: ~500 MB of weights).
+
+`resident(t)` places a tensor's bytes in anonymous memory advised for transparent huge pages
+(MADV_HUGEPAGE), packed into 2 MiB-aligned chunks so that small matrices share pages: the native
+backend's matrices go there (the screening heads' copies do not yet: their stage's tensors stay
+alive beside them, 128 MB twice on qwen2.5-coder). Where the kernel gives no huge pages
+(`/sys/kernel/mm/transparent_hugepage/enabled` says never, no MADV_HUGEPAGE, or
+SPECVOCAB_HUGEPAGES=0), `resident(t)` is `t` itself. The bytes are the same either way, so no
+result changes (docs/backends-and-kernels.md has the timing).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+HUGE_PAGE = 2 << 20  # bytes: x86-64's transparent huge page
+CHUNK = 64 << 20  # bytes an arena maps at a time (more for a larger tensor)
+ALIGN = 64  # each tensor starts on a cache line
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@lru_cache(maxsize=1)
+def enabled() -> bool:
+    """Whether an advised anonymous mapping gets huge pages here (THP 'always' or 'madvise'), unless
+    SPECVOCAB_HUGEPAGES=0 turns the copies off."""
+    if os.environ.get("SPECVOCAB_HUGEPAGES", "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        setting = THP_SETTING.read_text()
+    except OSError:
+        return False
+    return "[never]" not in setting
+
+
+def resident(t: torch.Tensor) -> torch.Tensor:
+    """`t` copied into huge-page memory (the process's arena), or `t` itself where there is none (enabled)."""
+    if not enabled():
+        return t
+    with _ARENA_LOCK:
+        return _ARENA.copy(t)
+
+
+class HugePageArena:
+    """Anonymous memory in 2 MiB-aligned chunks advised for huge pages; tensors copied in share them.
+
+    A chunk's memory is returned when the last tensor in it is freed (each view holds its mapping).
+    """
+
+    def __init__(self) -> None:
+        self._chunk: torch.Tensor | None = None  # [bytes] uint8 view of the current chunk, 2 MiB-aligned
+        self._used = 0  # bytes of the current chunk handed out
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of `t` in the arena (same dtype, shape and values)."""
+        nbytes = t.numel() * t.element_size()
+        if self._chunk is None or self._used + nbytes > self._chunk.numel():
+            self._chunk, self._used = _advised_chunk(max(CHUNK, nbytes)), 0
+        out = self._chunk[self._used:self._used + nbytes].view(t.dtype).view(t.shape)
+        out.copy_(t)
+        self._used += -(-nbytes // ALIGN) * ALIGN
+        return out
+
+
+def _advised_chunk(nbytes: int) -> torch.Tensor:
+    """A fresh anonymous mapping of at least `nbytes`, 2 MiB-aligned and advised for huge pages: [size] uint8."""
+    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # holds `mapping` for as long as a view lives
+    start = -whole.data_ptr() % HUGE_PAGE
+    mapping.madvise(mmap.MADV_HUGEPAGE, start, size)
+    return whole[start:start + size]
+
+
+_ARENA = HugePageArena()
+_ARENA_LOCK = threading.Lock()  # a server may load a model beside a decoding thread
