@@ -32,7 +32,7 @@ def test_an_arena_packs_copies_on_cache_lines_in_aligned_chunks() -> None:
     a = torch.randint(-128, 128, (3, 100), dtype=torch.int8)  # 300 bytes: the next copy starts at 320
     b = torch.randn(5, 7)
     big = torch.randint(0, 256, (hugepages.CHUNK + 1,), dtype=torch.uint8)  # more than a chunk: a chunk of its own
-    copies = [arena.copy(t) for t in (a, b, big)]
+    copies = [arena.empty(tuple(t.shape), t.dtype).copy_(t) for t in (a, b, big)]
     for t, c in zip((a, b, big), copies):
         assert c.dtype == t.dtype and c.shape == t.shape and torch.equal(c, t) and c.data_ptr() != t.data_ptr()
     assert copies[0].data_ptr() % hugepages.HUGE_PAGE == 0  # a chunk starts on a huge page

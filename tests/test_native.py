@@ -19,6 +19,7 @@ from runtime.backends.decoder import PREFILL_CHUNK
 from runtime.backends.gguf_file import GGUFError, GGUFFile
 from runtime.backends.lean import lean_target
 from runtime.backends.native import native_target
+from runtime.kernels import hugepages
 from factories import needs_compiled_kernels
 
 # HF parameter name inside a decoder layer -> llama.cpp tensor name.
@@ -176,6 +177,29 @@ def test_released_pages_read_back_the_same_bytes(tmp_path) -> None:
     before = file.array(name).copy()
     file.release(name)
     assert np.array_equal(file.array(name), before)
+    file.release(name, 5, 700)  # a slice, its first page rounded down to the page it starts on
+    file.release(name, 700, 10**9)  # past the end: up to it
+    assert np.array_equal(file.array(name), before)
+
+
+@pytest.mark.skipif(not hugepages.enabled(), reason="this kernel gives no transparent huge pages")
+def test_each_matrix_is_placed_in_huge_pages_once(tmp_path, monkeypatch) -> None:
+    """Every layer matrix, the table and the head are allocated in the arena once: a lanes repack and a
+    llama q/k row reorder are written straight into it, not copied there afterwards."""
+    model = tiny_model("llama")  # q/k rows permuted by llama.cpp, put back before the pack
+    write_gguf(model, tmp_path / "l.gguf", "llama")
+    placed, arena_empty = [], hugepages.empty
+
+    def recorded(shape, dtype):
+        placed.append(arena_empty(shape, dtype))
+        return placed[-1]
+
+    monkeypatch.setattr(hugepages, "empty", recorded)
+    native = native_target(tmp_path / "l.gguf", model.config, set())
+    layers = native.decoder.layers
+    matrices = [w for layer in layers for projection in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in projection.parts]
+    distinct = {w.data.data_ptr() for w in [*matrices, native.embedding, native.head_weight]}
+    assert sorted(t.data_ptr() for t in placed) == sorted(distinct)
 
 
 @needs_compiled_kernels

@@ -150,7 +150,7 @@ def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
         for n in (1, 3, 9):
             assert torch.equal(other.quant_linear(x[:n], packed.data, packed.ggml_type, cols), active.quant_linear(x[:n], w.data, int(t), cols)), (path, n)
         assert torch.equal(other.take_rows(packed.data, packed.ggml_type, cols, torch.arange(37)), expected), path
-        assert torch.equal(other.pack_lanes(w.data, int(t), cols), packed.data), path
+        assert torch.equal(other.pack_lanes(w.data, int(t), cols, torch.empty_like(packed.data)), packed.data), path
 
 
 def test_kernel_layout_repacks_on_the_simd_paths_only(monkeypatch) -> None:
@@ -244,9 +244,14 @@ def test_compiled_pack_refuses_other_types_and_wrong_sizes() -> None:
         pytest.skip("SPECVOCAB_KERNELS=torch: no compiled path")
     ext = build.active()[1]
     q8, q5 = random_matrix(T.Q8_0, 2, 64), random_matrix(T.Q5_0, 2, 96)
+    out = torch.empty(2, row_bytes(LANES_TYPES[T.Q5_0], 96), dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="repacks Q5_0, Q4_K and Q6_K, not ggml type 8"):
-        ext.pack_lanes(q8.data, int(T.Q8_0), 64)
+        ext.pack_lanes(q8.data, int(T.Q8_0), 64, out)
     with pytest.raises(RuntimeError, match="row_bytes 44 does not match 96 columns of ggml type 6"):
-        ext.pack_lanes(q5.data[:, :44].contiguous(), int(T.Q5_0), 96)
+        ext.pack_lanes(q5.data[:, :44].contiguous(), int(T.Q5_0), 96, out)
     with pytest.raises(RuntimeError, match="cols must be a multiple of 32 for ggml type 6"):
-        ext.pack_lanes(q5.data, int(T.Q5_0), 95)
+        ext.pack_lanes(q5.data, int(T.Q5_0), 95, out)
+    for wrong in (out[:1], out[:, :-1], out.view(torch.int8), out.t()):
+        with pytest.raises(RuntimeError, match=r"pack_lanes writes a contiguous uint8 \[2, "):
+            ext.pack_lanes(q5.data, int(T.Q5_0), 96, wrong)
+    assert ext.pack_lanes(q5.data, int(T.Q5_0), 96, out) is not None and torch.equal(out, to_lanes(q5).data)

@@ -141,12 +141,15 @@ class GGUFFile:
                 raise GGUFError(f"{self.path} is truncated (tensor {name} runs past the end); download or assemble it again")
             self.tensors[name] = info
 
-    def release(self, name: str) -> None:
-        """Drop this process's mapped pages of the tensor (it was copied into another layout): they
-        leave the resident set, and a later read maps them again from the page cache."""
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
+        """Drop this process's mapped pages of the tensor's bytes [start, stop) (it was copied into
+        another layout; default: all of them): they leave the resident set, and a later read maps them
+        again from the page cache."""
         info = self.tensors[name]
-        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE
-        self.map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+        stop = info.nbytes if stop is None else min(stop, info.nbytes)
+        first = (info.offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
+        if stop > start:
+            self.map.madvise(mmap.MADV_DONTNEED, first, info.offset + stop - first)
 
     def array(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 array [rows, row_bytes] (no copy)."""

@@ -81,15 +81,6 @@ class GGUFTensors:
         cols, rows = self.file.tensors[name].dims
         return QuantMatrix.from_numpy(self.file.array(name), self.types[name], int(rows), int(cols))
 
-    def kernel_matrix(self, name: str) -> QuantMatrix:
-        """matrix(name) in the layout the kernels read fastest (kernel_layout); when that is a copy,
-        the mapped pages it was read from are released, so the file's bytes are not resident twice."""
-        mapped = self.matrix(name)
-        laid_out = kernel_layout(mapped)
-        if laid_out is not mapped:
-            self.file.release(name)
-        return laid_out
-
     def vector(self, name: str) -> torch.Tensor | None:
         """A 1-D F32 tensor (norm weight, bias) copied into memory, or None when the file lacks it."""
         if name not in self.types:
@@ -113,6 +104,9 @@ def open_gguf(path: str | Path) -> GGUFTensors:
     except OSError as exc:
         raise UnsupportedModel(f"{path} cannot be read ({exc.strerror}); check the path, or use --backend lean") from exc
     return _open_gguf(path, stat.st_mtime_ns, stat.st_size)
+
+
+_PLACE_SLICE_BYTES = 8 << 20  # bytes of a mapped tensor copied into huge pages before its pages are released
 
 
 def _rope_order(rows: int, heads: int) -> torch.Tensor:
@@ -143,26 +137,46 @@ class _Builder:
     def projection(self, names: list[str], heads: list[int | None], bias: bool = False) -> NativeProjection:
         """The projection over tensors `names` (outputs concatenated); heads: the rotary head count of a
         llama q/k tensor whose rows llama.cpp permuted, else None."""
-        parts = []
-        for name, count in zip(names, heads):
-            matrix = self.tensors.kernel_matrix(f"{name}.weight")
-            if self.permuted and count:  # a copy of the rows in transformers' order (q and k: small)
-                rows = matrix.data[_rope_order(matrix.rows, count)]
-                matrix = QuantMatrix(rows, matrix.ggml_type, matrix.rows, matrix.cols)
-            parts.append(self.resident(f"{name}.weight", matrix))
+        parts = [self.weight(f"{name}.weight", count) for name, count in zip(names, heads)]
         biases = [self.tensors.vector(f"{name}.bias") for name in names] if bias else []
         if biases and any(b is None for b in biases):
             raise UnsupportedModel("q/k/v projections with partial biases are not supported; use --backend transformers")
         return NativeProjection(parts, torch.cat(biases) if biases else None)
 
-    def resident(self, name: str, matrix: QuantMatrix) -> QuantMatrix:
-        """`matrix` (read from the file's tensor `name`) in huge-page memory, the file's mapped pages of it
-        released; `matrix` itself where there is none (hugepages.enabled)."""
+    def weight(self, name: str, rope_heads: int | None = None, repack: bool = True) -> QuantMatrix:
+        """The file's matrix `name` as the kernels read it, in huge-page memory where there is some (else
+        the mapped bytes, unless a copy was needed); the file's mapped pages of it released once copied.
+
+        rope_heads: the rotary head count of a llama q/k tensor whose rows llama.cpp permuted (the rows
+        are put back in transformers' order); repack: the layer matrices' kernel_layout, packed straight
+        into huge-page memory (the table and head keep the file's format).
+        """
+        mapped = self.tensors.matrix(name)
+        matrix = mapped
+        if self.permuted and rope_heads:  # a copy of the rows in transformers' order (q and k: small)
+            matrix = replace(mapped, data=mapped.data[_rope_order(mapped.rows, rope_heads)])
+        laid_out = kernel_layout(matrix, hugepages.empty) if repack else matrix
+        if laid_out is mapped:
+            laid_out = replace(mapped, data=self.placed(name, mapped.data))
+        elif laid_out is matrix:
+            laid_out = replace(matrix, data=hugepages.resident(matrix.data))
+        if laid_out.data.data_ptr() != mapped.data.data_ptr():
+            self.tensors.file.release(name)
+        return laid_out
+
+    def placed(self, name: str, data: torch.Tensor) -> torch.Tensor:
+        """The file's tensor `name` (data: its mapped bytes [rows, row_bytes]) copied into huge-page
+        memory a slice at a time, each slice's mapped pages released once copied, so that a large
+        table (gemma3-270m's: 180 MB) is never resident twice; `data` itself where there are no huge pages."""
         if not hugepages.enabled():
-            return matrix
-        copied = replace(matrix, data=hugepages.resident(matrix.data))
-        self.tensors.file.release(name)
-        return copied
+            return data
+        out = hugepages.empty(tuple(data.shape), data.dtype)  # [rows, row_bytes]
+        row_bytes = data.shape[1]
+        step = max(1, _PLACE_SLICE_BYTES // row_bytes)  # rows per slice
+        for start in range(0, data.shape[0], step):
+            out[start:start + step] = data[start:start + step]
+            self.tensors.file.release(name, start * row_bytes, (start + step) * row_bytes)
+        return out
 
     def layer(self, index: int) -> DecoderLayer:
         hf, blk, config = self.body.layers[index], f"blk.{index}", self.config
@@ -217,6 +231,6 @@ def native_target(gguf_path: str | Path, config, eos_token_ids: set[int] | froze
     tensors = open_gguf(gguf_path)
     torch.set_flush_denormal(True)  # as the lean backend, so both treat subnormal weights alike
     builder = _Builder(tensors, config)
-    table = builder.resident("token_embd.weight", tensors.matrix("token_embd.weight"))
-    head = builder.resident("output.weight", tensors.matrix("output.weight")) if "output.weight" in tensors else table
+    table = builder.weight("token_embd.weight", repack=False)
+    head = builder.weight("output.weight", repack=False) if "output.weight" in tensors else table
     return DecoderTarget("native", builder.decoder(table), table, head, tensors.vector("output.bias"), eos_token_ids)

@@ -1,17 +1,19 @@
 """Weights in memory backed by 2 MiB pages: the kernels stream every matrix once per step, and on 4 KiB
 pages each step walks ~100k page-table entries (qwen2.5-coder: ~500 MB of weights).
 
-`resident(t)` places a tensor's bytes in anonymous memory advised for transparent huge pages
-(MADV_HUGEPAGE), packed into 2 MiB-aligned chunks so that small matrices share pages: the native
-backend's matrices go there (the screening heads' copies do not yet: their stage's tensors stay
-alive beside them, 128 MB twice on qwen2.5-coder). Where the kernel gives no huge pages
-(`/sys/kernel/mm/transparent_hugepage/enabled` says never, no MADV_HUGEPAGE, or
-SPECVOCAB_HUGEPAGES=0), `resident(t)` is `t` itself. The bytes are the same either way, so no
+`empty(shape, dtype)` gives a tensor in anonymous memory advised for transparent huge pages
+(MADV_HUGEPAGE), packed into 2 MiB-aligned chunks so that small matrices share pages, for a layout
+written straight into it; `resident(t)` copies a tensor there. The native backend's matrices go there
+(the screening heads' copies do not yet: their stage's tensors stay alive beside them, 128 MB twice
+on qwen2.5-coder). Where the kernel gives no huge pages (`/sys/kernel/mm/transparent_hugepage/enabled`
+says never, no MADV_HUGEPAGE, or SPECVOCAB_HUGEPAGES=0), `empty` is torch.empty and `resident(t)` is
+`t` itself. The bytes are the same either way, so no
 result changes (docs/backends-and-kernels.md has the timing).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
@@ -39,16 +41,24 @@ def enabled() -> bool:
     return "[never]" not in setting
 
 
+def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised contiguous tensor in huge-page memory (the process's arena), or torch.empty's
+    where there is none (enabled): for a layout written straight into it (quant.to_lanes)."""
+    if not enabled():
+        return torch.empty(shape, dtype=dtype)
+    with _ARENA_LOCK:
+        return _ARENA.empty(shape, dtype)
+
+
 def resident(t: torch.Tensor) -> torch.Tensor:
     """`t` copied into huge-page memory (the process's arena), or `t` itself where there is none (enabled)."""
     if not enabled():
         return t
-    with _ARENA_LOCK:
-        return _ARENA.copy(t)
+    return empty(tuple(t.shape), t.dtype).copy_(t)
 
 
 class HugePageArena:
-    """Anonymous memory in 2 MiB-aligned chunks advised for huge pages; tensors copied in share them.
+    """Anonymous memory in 2 MiB-aligned chunks advised for huge pages; the tensors placed in it share them.
 
     A chunk's memory is returned when the last tensor in it is freed (each view holds its mapping).
     """
@@ -57,13 +67,12 @@ class HugePageArena:
         self._chunk: torch.Tensor | None = None  # [bytes] uint8 view of the current chunk, 2 MiB-aligned
         self._used = 0  # bytes of the current chunk handed out
 
-    def copy(self, t: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of `t` in the arena (same dtype, shape and values)."""
-        nbytes = t.numel() * t.element_size()
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous tensor of `shape` and `dtype` in the arena."""
+        nbytes = math.prod(shape) * dtype.itemsize
         if self._chunk is None or self._used + nbytes > self._chunk.numel():
             self._chunk, self._used = _advised_chunk(max(CHUNK, nbytes)), 0
-        out = self._chunk[self._used:self._used + nbytes].view(t.dtype).view(t.shape)
-        out.copy_(t)
+        out = self._chunk[self._used:self._used + nbytes].view(dtype).view(shape)
         self._used += -(-nbytes // ALIGN) * ALIGN
         return out
 

@@ -10,6 +10,7 @@ fallback and the kernels' reference) repeats gguf-py's numpy code in torch, op f
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ T = GGMLQuantizationType
 SUPPORTED_GGML_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
 KERNEL_TYPES = (*SUPPORTED_GGML_TYPES, *SOURCE_TYPES)  # and the lanes layouts the native backend repacks to
 _PACK_ROWS = 256  # rows per to_lanes step
+Allocate = Callable[..., torch.Tensor]  # allocate(shape, dtype=...) -> an uninitialised tensor, as torch.empty
 
 
 def type_name(ggml_type: int) -> str:
@@ -100,16 +102,18 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-def to_lanes(w: QuantMatrix) -> QuantMatrix:
+def to_lanes(w: QuantMatrix, allocate: Allocate = torch.empty) -> QuantMatrix:
     """w (Q5_0, Q4_K or Q6_K) repacked into its lanes layout (runtime.kernels.lanes): the same values,
-    so the same kernel bits, with fewer instructions per weight on AVX-512 and AVX2."""
+    so the same kernel bits, with fewer instructions per weight on AVX-512 and AVX2. The bytes go into
+    allocate(shape, dtype) (the native backend's: huge-page memory)."""
     if w.ggml_type not in LANES_TYPES:
         raise ValueError(f"to_lanes repacks {', '.join(t.name for t in LANES_TYPES)} matrices, not {type_name(w.ggml_type)}")
     kind = LANES_TYPES[T(w.ggml_type)]
+    data = allocate((w.rows, lanes.row_bytes(kind, w.cols)), dtype=torch.uint8)  # [rows, lanes row bytes]
     _, ext = active()
     if ext is not None:  # the compiled pack (lanes_pack.h): the torch one's bytes, much faster
-        return QuantMatrix(ext.pack_lanes(w.data, int(w.ggml_type), w.cols), kind, w.rows, w.cols)
-    data = torch.empty(w.rows, lanes.row_bytes(kind, w.cols), dtype=torch.uint8)
+        ext.pack_lanes(w.data, int(w.ggml_type), w.cols, data)
+        return QuantMatrix(data, kind, w.rows, w.cols)
     for start in range(0, w.rows, _PACK_ROWS):  # a few rows at a time: small temporaries, which the heap gives back
         data[start : start + _PACK_ROWS] = lanes.pack(w.data[start : start + _PACK_ROWS], w.ggml_type, w.cols)
     return QuantMatrix(data, kind, w.rows, w.cols)
@@ -124,13 +128,14 @@ def from_lanes(w: QuantMatrix) -> QuantMatrix:
 _LANES_PATHS = ("avx512vbmi", "avx512", "avx2")  # the paths that read lanes faster (portable: no gain, measured)
 
 
-def kernel_layout(w: QuantMatrix) -> QuantMatrix:
-    """w in the layout the active kernels read fastest: a Q5_0, Q4_K or Q6_K matrix in lanes (to_lanes)
-    where an AVX-512 or AVX2 path runs, else w itself. The values, and so every kernel output's bits, are the same."""
+def kernel_layout(w: QuantMatrix, allocate: Allocate = torch.empty) -> QuantMatrix:
+    """w in the layout the active kernels read fastest: a Q5_0, Q4_K or Q6_K matrix in lanes (to_lanes,
+    into allocate's memory) where an AVX-512 or AVX2 path runs, else w itself. The values, and so every
+    kernel output's bits, are the same."""
     path, ext = active()
     if ext is None or path not in _LANES_PATHS or w.ggml_type not in LANES_TYPES:
         return w
-    return to_lanes(w)
+    return to_lanes(w, allocate)
 
 
 def _dequantize_torch(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:

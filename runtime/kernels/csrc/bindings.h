@@ -194,7 +194,7 @@ torch::Tensor take_rows(torch::Tensor data, int64_t type, int64_t cols, torch::T
   m.def("attend", &ops::attend, "attention of single queries over the cached keys each sees");                \
   m.def("softmax", &ops::softmax, "attention weights exp(s * scale - max) of each row, and their sums");     \
   m.def("take_rows", &gemm::take_rows, "exact dequantized rows of a ggml-format matrix");                \
-  m.def("pack_lanes", &lanes_pack::pack_lanes, "Q5_0 / Q4_K / Q6_K rows repacked into their lanes layout");     \
+  m.def("pack_lanes", &lanes_pack::pack_lanes, "Q5_0 / Q4_K / Q6_K rows repacked into their lanes layout, in out"); \
   m.def("set_threads", [](int64_t threads, bool adaptive) { sv_pool::instance()->set_threads(threads, adaptive); }, \
         "the threads of every parallel region; adaptive: stand the workers down while they do not pay");     \
   m.def("thread_stats", [] { return sv_pool::instance()->stats(); }, "the kernel thread pool's counters");     \

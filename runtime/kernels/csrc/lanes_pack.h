@@ -82,17 +82,17 @@ inline void pack_q6_k(const uint8_t* b, uint8_t* dst) {
   std::memcpy(dst + 192, b + 192, 18);
 }
 
-// Rows of `data` packed by pack_row(src, dst) into rows of lanes decoder L's size, rows in parallel.
+// Rows of `data` packed by pack_row(src, dst) into `out` [rows, lanes decoder L's row bytes], rows in parallel.
 template <class L, class PackRow>
-torch::Tensor pack_rows(const torch::Tensor& data, int64_t cols, PackRow&& pack_row) {
+void pack_rows(const torch::Tensor& data, int64_t cols, torch::Tensor& out, PackRow&& pack_row) {
   const int64_t rb = data.size(1), ob = gemm::row_bytes<L>(cols);
-  auto out = torch::empty({data.size(0), ob}, data.options());
+  TORCH_CHECK(out.dtype() == torch::kUInt8 && out.is_contiguous() && out.dim() == 2 && out.size(0) == data.size(0) && out.size(1) == ob,
+              "pack_lanes writes a contiguous uint8 [", data.size(0), ", ", ob, "] tensor, not ", out.sizes());
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   sv_pool::parallel_for(data.size(0), 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) pack_row(src + r * rb, dst + r * ob);
   });
-  return out;
 }
 
 // One row of super-blocks (Q4_K, Q6_K: their lanes layouts keep the block size), each by pack_block.
@@ -102,19 +102,19 @@ inline void pack_super_blocks(const uint8_t* src, int64_t cols, uint8_t* dst, vo
 }
 
 // data [rows, row_bytes] uint8 in GGML `type` (Q5_0, Q4_K or Q6_K; gemm::dispatch checks the rest) ->
-// the same rows in its lanes layout.
-torch::Tensor pack_lanes(torch::Tensor data, int64_t type, int64_t cols) {
+// the same rows in its lanes layout, written into `out` [rows, lanes row bytes] (the caller's memory:
+// huge pages, for the native backend) and returned.
+torch::Tensor pack_lanes(torch::Tensor data, int64_t type, int64_t cols, torch::Tensor out) {
   TORCH_CHECK(type == Q5_0::kType || type == blocks::Q4_K::kType || type == blocks::Q6_K::kType,
               "pack_lanes repacks Q5_0, Q4_K and Q6_K, not ggml type ", type);
-  torch::Tensor out;
   gemm::dispatch(data, type, cols, [&](auto d) {
     using D = decltype(d);
     if constexpr (D::kType == Q5_0::kType) {
-      out = pack_rows<Q5_0Lanes>(data, cols, [&](const uint8_t* s, uint8_t* t) { pack_q5_0_row(s, cols, t); });
+      pack_rows<Q5_0Lanes>(data, cols, out, [&](const uint8_t* s, uint8_t* t) { pack_q5_0_row(s, cols, t); });
     } else if constexpr (D::kType == blocks::Q4_K::kType) {
-      out = pack_rows<blocks::Q4_KLanes>(data, cols, [&](const uint8_t* s, uint8_t* t) { pack_super_blocks<D>(s, cols, t, pack_q4_k); });
+      pack_rows<blocks::Q4_KLanes>(data, cols, out, [&](const uint8_t* s, uint8_t* t) { pack_super_blocks<D>(s, cols, t, pack_q4_k); });
     } else if constexpr (D::kType == blocks::Q6_K::kType) {
-      out = pack_rows<blocks::Q6_KLanes>(data, cols, [&](const uint8_t* s, uint8_t* t) { pack_super_blocks<D>(s, cols, t, pack_q6_k); });
+      pack_rows<blocks::Q6_KLanes>(data, cols, out, [&](const uint8_t* s, uint8_t* t) { pack_super_blocks<D>(s, cols, t, pack_q6_k); });
     }
   });
   return out;
