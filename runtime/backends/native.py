@@ -156,12 +156,11 @@ class _Builder:
         if self.permuted and rope_heads:  # a copy of the rows in transformers' order (q and k: small)
             matrix = replace(mapped, data=mapped.data[_rope_order(mapped.rows, rope_heads)])
         laid_out = kernel_layout(matrix, hugepages.empty) if repack else matrix
-        if laid_out is mapped:
-            laid_out = replace(mapped, data=self.placed(name, mapped.data))
-        elif laid_out is matrix:
+        if laid_out is mapped:  # the file's bytes as they are: placed a slice at a time, each released as it goes
+            return replace(mapped, data=self.placed(name, mapped.data))
+        if laid_out is matrix:  # a reordered copy, as it is
             laid_out = replace(matrix, data=hugepages.resident(matrix.data))
-        if laid_out.data.data_ptr() != mapped.data.data_ptr():
-            self.tensors.file.release(name)
+        self.tensors.file.release(name)  # laid_out is a copy (a reorder or a repack): the mapped pages are not needed
         return laid_out
 
     def placed(self, name: str, data: torch.Tensor) -> torch.Tensor:
