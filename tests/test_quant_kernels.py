@@ -47,6 +47,29 @@ def test_dequantize_random_blocks_bit_identical_to_gguf(t: T) -> None:
     assert torch.equal(_dequantize_torch(w.data, t, w.cols), expected)
 
 
+@pytest.mark.parametrize("t", [pytest.param(T.Q4_1, id="Q4_1"), pytest.param(T.Q5_1, id="Q5_1")])
+def test_scale_and_min_of_every_magnitude_decode_exactly(t: T) -> None:
+    """The _1 formats' d * q + m, which the AVX2 and portable paths take as one FMA (d * q is exact),
+    at scales and mins from fp16's subnormals to its largest values, both signs: gguf-py's bits on
+    every compiled path and as a matrix's rows in the skinny GEMM."""
+    block_bytes = GGML_QUANT_SIZES[t][1]
+    rng = np.random.default_rng(5)
+    magnitudes = np.float16(2.0) ** np.arange(-24, 15, dtype=np.float16)  # 2^-24 (subnormal) .. 2^15
+    d = (magnitudes * rng.uniform(1, 2, magnitudes.size).astype(np.float16)).astype(np.float16)
+    pairs = [(s * a, b) for a in d for b in (d[::3] * -1).tolist() + d[::5].tolist() + [0.0] for s in (1, -1)]
+    raw = rng.integers(0, 256, size=(len(pairs), block_bytes), dtype=np.uint8)
+    raw[:, 0:2] = np.array([p[0] for p in pairs], dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    raw[:, 2:4] = np.array([p[1] for p in pairs], dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    w = QuantMatrix.from_numpy(raw, t, len(pairs), 32)
+    expected = reference(w)
+    assert torch.isfinite(expected).all()
+    for path in build.runnable_paths():
+        module = compiled_module(path)
+        assert torch.equal(module.take_rows(w.data, int(t), 32, torch.arange(w.rows)), expected), path
+        x = torch.eye(32)[:3]  # rows of x that pick single weights: the outputs are the values themselves
+        assert torch.equal(module.quant_linear(x, w.data, int(t), 32), expected[:, :3].T.contiguous()), path
+
+
 @pytest.mark.parametrize("t", [pytest.param(T.F16, id="F16"), pytest.param(T.BF16, id="BF16")])
 def test_every_half_value_converts_exactly(t: T) -> None:
     """All 65536 bit patterns but NaNs (subnormals, infinities, -0) on every compiled path and torch."""

@@ -52,8 +52,10 @@ _CPU_NEEDS = {
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "portable": frozenset(),
 }
-# -ffp-contract=off: GCC would otherwise fuse the intrinsics' d * q + m into one FMA, which rounds
-# differently from gguf-py's two float32 operations. No -fopenmp: the kernels' regions run on their own pool (pool.h).
+# -ffp-contract=off: GCC would otherwise fuse products and sums such as Q4_K's fl(d * sc) * q - fl(dmin * m)
+# into FMAs, which round differently from gguf-py's float32 operations (where one FMA rounds the same,
+# the _1 formats' d * q + m with d * q exact, the kernels write it: affine_per_element.h).
+# No -fopenmp: the kernels' regions run on their own pool (pool.h).
 _COMMON_FLAGS = ("-O3", "-ffp-contract=off")
 BUILT_MARKER = "built.ok"  # in a build folder: its .so is complete
 

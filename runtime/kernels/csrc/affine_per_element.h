@@ -12,14 +12,21 @@ template <int Bits, int Offset, int Min>
 struct Affine { V d, m; };
 template <int Bits, int Offset, int Min>
 inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) { return {d, m}; }
+// Min = 1 is only the _1 formats' fp16 d and m (blocks.h's Legacy): there d * (q - Offset) is exact in
+// float32 (at most 11 + 5 significant bits), so one FMA rounds d * q + m exactly as the product
+// then the sum do, in one vector operation instead of two.
 template <int Offset, int Min>
 inline V affine_at(V d, V m, I q) {  // the value at the quant q (in range)
+  if constexpr (Min > 0) return fma(to_float(sub_(q, Offset)), d, m);
   const V w = mul(d, to_float(sub_(q, Offset)));
-  return Min > 0 ? add(w, m) : Min < 0 ? sub(w, m) : w;
+  return Min < 0 ? sub(w, m) : w;
 }
 // The value at q & 15 per lane.
 template <int Offset, int Min>
 inline V lookup(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 15)); }
+// The value at q per lane, q already in [0, 16) (a byte's high nibble): no mask.
+template <int Offset, int Min>
+inline V lookup_nibble(const Affine<4, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, q); }
 // The value at q & 31 per lane.
 template <int Offset, int Min>
 inline V lookup(const Affine<5, Offset, Min>& a, I q) { return affine_at<Offset, Min>(a.d, a.m, and_(q, 31)); }

@@ -107,7 +107,7 @@ struct Legacy {
     const I q = load_u8(b + kNibbles);
     if constexpr (kBits == 4) {
       w0 = lookup(s, q);
-      w1 = lookup(s, srl(q, 4));
+      w1 = lookup_nibble(s, srl(q, 4));  // q's lanes are bytes
     } else {
       lookup_halves(s, q, b + kHigh, w0, w1);
     }

@@ -64,13 +64,14 @@ inline void reduce_rows(const V* v, float* y, int64_t ys) {
 inline V to_float(I a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 inline I as_int(V a) { return {_mm256_castps_si256(a.lo), _mm256_castps_si256(a.hi)}; }  // the same bits
 inline V as_float(I a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
+// Two widening loads from memory (vpmovzxbd / vpmovsxbd ymm, m64): no byte shift between them.
 inline I load_u8(const uint8_t* p) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))};
+  return {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
 }
 inline I load_i8(const uint8_t* p) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
+  return {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
 }
 inline I load_u32(const uint8_t* p) {  // 16 little-endian 32-bit lanes
   return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
@@ -107,7 +108,7 @@ inline void lookup_halves(const Affine<5, Offset, Min>& a, I q, const uint8_t* b
              _mm256_load_si256(reinterpret_cast<const __m256i*>(kBit16.lane[p[1]]))};
   };
   w0 = affine_at<Offset, Min>(a.d, a.m, or_(and_(q, 15), sixteens(bits)));
-  w1 = affine_at<Offset, Min>(a.d, a.m, or_(and_(srl(q, 4), 15), sixteens(bits + 2)));
+  w1 = affine_at<Offset, Min>(a.d, a.m, or_(srl(q, 4), sixteens(bits + 2)));  // q's lanes are bytes
 }
 
 inline V load_f16(const uint8_t* p) {

@@ -135,6 +135,9 @@ inline Affine<Bits, Offset, Min> affine(V d, V m = zero()) {
 // The value at q & 15 per lane: one vpermps (it reads the low 4 bits of each index).
 template <int Offset, int Min>
 inline V lookup(const Affine<4, Offset, Min>& a, I q) { return {_mm512_permutexvar_ps(q.v, a.lo.v)}; }
+// The value at q per lane, q already in [0, 16): the same vpermps.
+template <int Offset, int Min>
+inline V lookup_nibble(const Affine<4, Offset, Min>& a, I q) { return lookup(a, q); }
 // The value at q & 31 per lane: one two-table vpermt2ps (index bits 0..4).
 template <int Offset, int Min>
 inline V lookup(const Affine<5, Offset, Min>& a, I q) { return {_mm512_permutex2var_ps(a.lo.v, q.v, a.hi.v)}; }
