@@ -1,11 +1,11 @@
-"""Sampling helpers: the top-k / top-p allowed set against its definition on a full sort."""
+"""Sampling helpers: the top-k / top-p allowed set against its definition on a full sort, and the greedy pick."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.common.sampling import TOP_SET_SIZES, SamplingParams, allowed_mask
+from runtime.common.sampling import TOP_SET_SIZES, SamplingParams, allowed_mask, first_argmax
 
 VOCAB = 40_000  # more than the largest sorted prefix tried, so a flat row needs the full sort
 
@@ -54,3 +54,12 @@ def test_top_k_then_top_p_is_the_nucleus_of_the_top_k(top_k: int):
 
 def test_no_restriction_keeps_every_token():
     assert bool(allowed_mask(torch.randn(100), SamplingParams(temperature=0.7)).all())
+
+
+def test_first_argmax_is_torch_argmax_on_ties_infinities_and_nans():
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.randint(0, 40, (49152,), generator=g).float() for _ in range(50)]  # many ties
+    cases += [torch.full((1000,), float("-inf")), torch.tensor([1.0, float("nan"), 3.0, float("nan")]),
+              torch.tensor([float("inf"), 2.0, float("inf")]), torch.tensor([-0.0, 0.0]), torch.tensor([7.0])]
+    for values in cases:
+        assert first_argmax(values) == int(torch.argmax(values))
