@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from factories import TinyHead, make_tiny_head
+from factories import TinyHead, compiled_module, make_tiny_head
 from head_factories import cluster_bound, exact_logits, hidden_sets, screen_bound
 from prep.screen import quantize_int8
 from runtime.heads.opened import GATHER_CHUNK_ROWS
 from runtime.heads.opened import exact_logits as opened_exact_logits
 from runtime.heads.screen_bound import _SLACK
 from runtime.common.numerics import dot_rounding_gamma
-from runtime.kernels import _screen_gemv_torch, screen_gemv, screen_select
+from runtime.kernels import _screen_gemv_torch, screen_gemv, screen_radius, screen_select
 
 
 # --- bound soundness ------------------------------------------------------------------------
@@ -135,6 +135,28 @@ def test_screen_select_keeps_the_true_top_k_and_follows_the_bound_definition(tem
         tolerance = 1e-4 * (1 + float(upper.abs().max()))  # float32 rounding and the kernel's slack
         assert bool((upper[chosen] >= kth - tolerance).all())
         assert bool((upper[~chosen] < kth + tolerance).all())
+
+
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_avx2_screen_select_is_the_torch_selection(k: int):
+    """The AVX2 kernel computes the bounds in torch's float32 operations: the same candidates, at a
+    vocabulary size that leaves a tail of one-at-a-time tokens, with and without noise, temperature
+    and the remainder term."""
+    module = compiled_module("avx2")
+    gen = torch.Generator().manual_seed(11)
+    V = 4099
+    center, coef, qnorm = torch.randn(V, generator=gen) * 8, torch.rand(V, generator=gen), torch.rand(V, generator=gen)
+    noise = -torch.log(-torch.log(torch.rand(V, generator=gen)))
+    empty = torch.empty(0)
+    for temperature, g, n, rnorm in [(0.0, None, None, 0.0), (0.7, noise, None, 0.0), (0.0, None, qnorm, 0.3), (1.3, noise, qnorm, 0.1)]:
+        inv_t = 1.0 / temperature if temperature > 0 else 1.0
+        radius = screen_radius(center, coef, 2.5, _SLACK, n, rnorm)
+        lower, upper = (center - radius) * inv_t, (center + radius) * inv_t
+        if g is not None:
+            lower, upper = lower + g, upper + g
+        expected = torch.nonzero(upper >= torch.topk(lower, k).values[-1]).flatten()
+        got = module.screen_select(center, coef, 2.5, empty if n is None else n, rnorm, _SLACK, inv_t, empty if g is None else g, k)
+        assert torch.equal(got, expected), (temperature, k)
 
 
 def test_cluster_bound_with_the_whole_vocabulary_as_budget_always_certifies():

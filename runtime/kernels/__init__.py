@@ -261,7 +261,7 @@ def screen_select(
     """
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     ext = active()[1]
-    if ext is not None and hasattr(ext, "screen_select"):  # the AVX-512 paths only
+    if ext is not None and hasattr(ext, "screen_select"):  # the AVX-512 and AVX2 paths
         empty = torch.empty(0, dtype=torch.float32)
         return ext.screen_select(
             center, coefficients, hidden_norm, empty if qrow_norms is None else qrow_norms, remainder_norm,

@@ -1,8 +1,15 @@
-// The int8 screen of the certified head on the AVX2 path: the int16-split screen of int16_screen.h
-// with 256-bit vpmaddwd + vpaddd, the same integers as the AVX-512 path's, so the same outputs. The
-// float32-activation screen and the candidate selection stay in runtime.kernels' torch code here.
+// The certified head's screen on the AVX2 path: the int16-split int8 screen of int16_screen.h with
+// 256-bit vpmaddwd + vpaddd, the same integers as the AVX-512 path's, so the same outputs; and
+// screen_select, one row's candidates. The float32-activation screen stays in runtime.kernels' torch code here.
 #include <torch/extension.h>
 #include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <queue>
+#include <vector>
 
 #include "int16_screen.h"
 #include "prefetch.h"
@@ -54,4 +61,111 @@ struct Avx2Dot {
 std::tuple<torch::Tensor, torch::Tensor> screen_gemv_int16(torch::Tensor q, torch::Tensor scales, torch::Tensor h, bool vnni) {
   TORCH_CHECK(!vnni, "the AVX2 int16 screen has no VNNI path; pass vnni=False");
   return int16_screen<Avx2Dot>(q, scales, h);
+}
+
+namespace {
+
+// Bounds of tokens [i, i + 8): base = c_i |h| + n_i |r| (the second term only with n), radius = base +
+// slack (|center| + base), lower / upper = (center -/+ radius) inv_t (+ noise): runtime.kernels'
+// screen_radius and screen_select in the same float32 operations (this module builds with
+// -ffp-contract=off), so the bounds are torch's bits. `Lane` is __m256 for 8 tokens or float for one.
+struct ScreenBounds {
+  const float* c;
+  const float* e;
+  const float* g;  // noise or nullptr
+  const float* n;  // |Q(W_i)| or nullptr
+  float hn, rn, sl, it;
+
+  inline void at(int64_t i, __m256& lo, __m256& up) const {
+    const __m256 ci = _mm256_loadu_ps(c + i), sign = _mm256_set1_ps(-0.0f);
+    __m256 base = _mm256_mul_ps(_mm256_loadu_ps(e + i), _mm256_set1_ps(hn));
+    if (n) base = _mm256_add_ps(base, _mm256_mul_ps(_mm256_loadu_ps(n + i), _mm256_set1_ps(rn)));
+    const __m256 radius = _mm256_add_ps(base, _mm256_mul_ps(_mm256_set1_ps(sl), _mm256_add_ps(_mm256_andnot_ps(sign, ci), base)));
+    lo = _mm256_mul_ps(_mm256_sub_ps(ci, radius), _mm256_set1_ps(it));
+    up = _mm256_mul_ps(_mm256_add_ps(ci, radius), _mm256_set1_ps(it));
+    if (g) {
+      const __m256 gi = _mm256_loadu_ps(g + i);
+      lo = _mm256_add_ps(lo, gi);
+      up = _mm256_add_ps(up, gi);
+    }
+  }
+  inline void at(int64_t i, float& lo, float& up) const {
+    float base = e[i] * hn;
+    if (n) base = base + n[i] * rn;
+    const float radius = base + sl * (std::fabs(c[i]) + base);
+    lo = (c[i] - radius) * it;
+    up = (c[i] + radius) * it;
+    if (g) {
+      lo = lo + g[i];
+      up = up + g[i];
+    }
+  }
+};
+
+// f(i, lo, up) for every token: 8 at a time, then the last V % 8 one at a time.
+template <class F>
+inline void for_bounds(const ScreenBounds& bounds, int64_t V, F&& f) {
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) {
+    __m256 lo, up;
+    bounds.at(i, lo, up);
+    f(i, lo, up);
+  }
+  for (; i < V; ++i) {
+    float lo, up;
+    bounds.at(i, lo, up);
+    f(i, _mm256_set1_ps(lo), _mm256_set1_ps(up), 1);
+  }
+}
+
+}  // namespace
+
+// One row's candidates (screen_avx512.cpp's screen_select, in 8-wide vectors): lower_i = (center_i -
+// radius_i) * inv_t + noise_i, upper_i likewise with +radius_i, radius_i = base_i + slack * (|center_i| +
+// base_i), base_i = coef_i * hnorm + qnorm_i * rnorm (the second term only when qnorm is not empty);
+// returns the ids with upper_i >= the k-th largest lower_i. noise may be empty. Two passes, no [V] temporaries.
+torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, torch::Tensor qnorm, double rnorm,
+                            double slack, double inv_t, torch::Tensor noise, int64_t k) {
+  TORCH_CHECK(center.dtype() == torch::kFloat32 && center.dim() == 1 && center.is_contiguous(), "center: [V] fp32");
+  TORCH_CHECK(coef.dtype() == torch::kFloat32 && coef.is_contiguous() && coef.numel() == center.numel(), "coef: [V] fp32");
+  const int64_t V = center.numel();
+  TORCH_CHECK(k >= 1 && k <= V && V < INT32_MAX, "k or V out of range");
+  const bool has_noise = noise.numel() > 0, has_qnorm = qnorm.numel() > 0;
+  TORCH_CHECK(!has_noise || (noise.dtype() == torch::kFloat32 && noise.is_contiguous() && noise.numel() == V), "noise: [V] fp32");
+  TORCH_CHECK(!has_qnorm || (qnorm.dtype() == torch::kFloat32 && qnorm.is_contiguous() && qnorm.numel() == V), "qnorm: [V] fp32");
+  const ScreenBounds bounds{center.data_ptr<float>(), coef.data_ptr<float>(), has_noise ? noise.data_ptr<float>() : nullptr,
+                            has_qnorm ? qnorm.data_ptr<float>() : nullptr, static_cast<float>(hnorm), static_cast<float>(rnorm),
+                            static_cast<float>(slack), static_cast<float>(inv_t)};
+  float threshold;
+  if (k == 1) {  // greedy and Gumbel-max: the largest lower bound
+    __m256 best = _mm256_set1_ps(-INFINITY);
+    for_bounds(bounds, V, [&](int64_t, __m256 lo, __m256, int = 8) { best = _mm256_max_ps(lo, best); });
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, best);
+    threshold = *std::max_element(lanes, lanes + 8);
+  } else {  // k-th largest lower bound via a size-k min-heap
+    std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
+    alignas(32) float block[8];
+    for_bounds(bounds, V, [&](int64_t, __m256 lo, __m256, int lanes = 8) {
+      _mm256_store_ps(block, lo);
+      for (int r = 0; r < lanes; ++r) {
+        if (static_cast<int64_t>(heap.size()) < k) heap.push(block[r]);
+        else if (block[r] > heap.top()) { heap.pop(); heap.push(block[r]); }
+      }
+    });
+    threshold = heap.top();
+  }
+  const __m256 limit = _mm256_set1_ps(threshold);
+  std::unique_ptr<int64_t[]> ids(new int64_t[V]);  // uninitialized: only the first `count` are written
+  int64_t count = 0;
+  for_bounds(bounds, V, [&](int64_t i, __m256, __m256 up, int lanes = 8) {
+    unsigned hit = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(up, limit, _CMP_GE_OQ))) & ((1u << lanes) - 1);
+    while (hit) {
+      ids[count++] = i + __builtin_ctz(hit);
+      hit &= hit - 1;
+    }
+  });
+  auto out = torch::empty({count}, torch::kLong);
+  std::copy(ids.get(), ids.get() + count, out.data_ptr<int64_t>());
+  return out;
 }
