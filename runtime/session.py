@@ -11,7 +11,7 @@ from artifacts import Artifact
 from artifacts.format import Stage
 from runtime.heads import BOUNDS, CertifiedHead, ClusterBound, FullHead, ScreenBound
 from runtime.heads.screen4_bound import Screen4Bound
-from runtime.kernels import decoding_threads, has_screen4_kernel, kernel_name
+from runtime.kernels import decoding_threads, has_screen4_kernel, kernel_name, screen4_pays
 from runtime.backends import TargetModel, load_target, reload_target
 from runtime.models import LoadedModel, ModelError, ModelLog
 
@@ -64,9 +64,9 @@ class Session:
         return self._screen_bound
 
     def best_bound(self) -> str | None:
-        """The certified head's fastest bound this artifact and CPU allow: screen4 (its stage and the
-        AVX-512 kernels), else screen (its stage), else None."""
-        if self.artifact.has_stage(Stage.SCREEN4) and has_screen4_kernel():
+        """The certified head's fastest bound this artifact and CPU allow: screen4 (its stage, and kernels
+        where it beats the int8 screen: runtime.kernels.screen4_pays), else screen (its stage), else None."""
+        if self.artifact.has_stage(Stage.SCREEN4) and screen4_pays():
             return "screen4"
         return "screen" if self.artifact.has_stage(Stage.SCREEN) else None
 
@@ -85,7 +85,7 @@ class Session:
             if self._screen4_bound is None:
                 tensors = self.artifact.read_stage(Stage.SCREEN4)  # a missing stage is the first thing to fix
                 if not has_screen4_kernel():
-                    raise ValueError(f"csv:screen4 needs the AVX-512 kernels and this CPU runs {kernel_name()}: without them "
+                    raise ValueError(f"csv:screen4 needs the AVX-512 or AVX2 kernels and this CPU runs {kernel_name()}: without them "
                                      "the 4-bit screen takes ~1.6 s per step; use +csv (the int8 screen)")
                 wide = self.screen_bound() if self.artifact.has_stage(Stage.SCREEN) else None
                 self._screen4_bound = Screen4Bound.from_stage(weight, bias, tensors, wide)

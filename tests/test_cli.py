@@ -195,16 +195,16 @@ def test_generate_without_a_method_runs_the_fastest_exact_one(tiny_model_dir: Pa
         if case == "screen4":
             assert invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--texts", 2]).exit_code == 0
         if case == "screen4, no kernel":
-            monkeypatch.setattr("runtime.session.has_screen4_kernel", lambda: False)
+            monkeypatch.setattr("runtime.session.screen4_pays", lambda: False)
         run = invoke(runtime_main, ["generate", artifact_copy, *prompt])
         assert run.exit_code == 0, run.output
         assert run.stdout == reference
         stats = [line for line in run.stderr.splitlines() if not line.startswith("[specvocab]")]  # not the loading line
         labels[case] = stats[0].split("]")[0] + "]"
-    from runtime.kernels import has_screen4_kernel
+    from runtime.kernels import screen4_pays
 
     assert labels == {"int8 screen": "[spec:lookup+csv:screen]", "screen4, no kernel": "[spec:lookup+csv:screen]",
-                      "screen4": "[spec:lookup+csv:screen4]" if has_screen4_kernel() else "[spec:lookup+csv:screen]"}
+                      "screen4": "[spec:lookup+csv:screen4]" if screen4_pays() else "[spec:lookup+csv:screen]"}
 
 
 def test_prep_all_leaves_out_screen4_where_the_recipe_says_so(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
@@ -224,9 +224,9 @@ def test_csv_screen4_without_its_stage_names_the_prep_command(artifact: Path):
 
 def test_csv_screen4_without_its_kernel_names_the_int8_screen(tiny_model_dir: Path, artifact_copy: Path, monkeypatch):
     assert invoke(prep_main, ["screen4", tiny_model_dir, "-o", artifact_copy, "--rank", 16, "--texts", 2]).exit_code == 0
-    monkeypatch.setattr("runtime.session.has_screen4_kernel", lambda: False)  # a CPU without the AVX-512 paths
+    monkeypatch.setattr("runtime.session.has_screen4_kernel", lambda: False)  # a CPU without the AVX-512 or AVX2 paths
     result = invoke(runtime_main, ["generate", artifact_copy, "--method", "spec:ngram+csv:screen4", "--prompt", "hi", "--max-new-tokens", 2])
-    assert_clean_error(result, "needs the AVX-512 kernels", "use +csv")
+    assert_clean_error(result, "needs the AVX-512 or AVX2 kernels", "use +csv")
 
 
 def test_prep_screen4_refuses_a_group_it_cannot_take(tiny_model_dir: Path, artifact_copy: Path):

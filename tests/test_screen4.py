@@ -72,17 +72,19 @@ def test_shapes_the_kernel_cannot_take_are_refused_naming_the_fix():
         quantize_int4(torch.full((4, 64), 1e5), torch.eye(64)[:, :16], 64)
 
 
-def avx512_module():
-    missing = build.missing_cpu_flags("avx512")
+def screen4_module(path: str):
+    """The compiled module of `path` (avx512 or avx2: the paths with a 4-bit screen), skipping where this CPU cannot run it."""
+    missing = build.missing_cpu_flags(path)
     if missing:
-        pytest.skip(f"the 4-bit screen kernel is AVX-512 only; this CPU lacks {', '.join(missing)}")
-    return build.module("avx512")
+        pytest.skip(f"this CPU cannot run the {path} kernels (lacks {', '.join(missing)})")
+    return build.module(path)
 
 
 @pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("vnni", [False, True], ids=["vpmaddubsw", "vpdpbusd"])
-def test_kernel_is_the_integer_split_screen(group: int, vnni: bool):
-    module = avx512_module()
+@pytest.mark.parametrize("path, vnni", [("avx512", False), ("avx512", True), ("avx2", False)],
+                         ids=["avx512-vpmaddubsw", "avx512-vpdpbusd", "avx2"])
+def test_kernel_is_the_integer_split_screen(group: int, path: str, vnni: bool):
+    module = screen4_module(path)
     if vnni and "avx512_vnni" not in build.cpu_flags():
         pytest.skip("this CPU does not report avx512_vnni")
     weight, t = stage(group)
@@ -99,6 +101,23 @@ def test_kernel_is_the_integer_split_screen(group: int, vnni: bool):
         expected = quantized @ a.double() * 2.0**e + correction @ coords[row].double()  # [V] float64
         scale = (quantized.abs() @ a.double().abs() * 2.0**e + correction.abs() @ coords[row].double().abs())  # sum of |terms|
         assert bool(((center[row].double() - expected).abs() <= 1e-5 * scale + 1e-30).all()), row
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_avx2_kernel_gives_the_avx512_bits(group: int):
+    """The same integers and float32 operations per row: equal outputs for 1..7 hidden rows (passes of
+    three and their remainders), on a ragged last panel."""
+    avx2, avx512 = screen4_module("avx2"), screen4_module("avx512")
+    weight, t = stage(group)
+    hidden = torch.cat([calibration(DIM, seed=5)[:4], adversarial_hidden(DIM)[[0, 1, 2]]])  # [7, d]
+    coords = hidden @ t["basis"]
+    panels = pack_screen4(t["codes"], t["scales"], t["mins"], t["corr"], t["corr_scale"])
+    for rows in range(1, hidden.shape[0] + 1):
+        got = avx2.screen4_gemv(panels.packed, VOCAB, group, hidden[:rows], coords[:rows], False)
+        expected = avx512.screen4_gemv(panels.packed, VOCAB, group, hidden[:rows], coords[:rows], False)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), rows
+    with pytest.raises(RuntimeError, match="no VNNI path"):
+        avx2.screen4_gemv(panels.packed, VOCAB, group, hidden[:1], coords[:1], True)
 
 
 @pytest.mark.parametrize("group", [32, 64])

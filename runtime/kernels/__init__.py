@@ -25,6 +25,10 @@ INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of
 # of a one-row verify and a fourth a second pass over the weights; one draft per round measured best
 # (docs/results/xeon-no-amx-avx2.md has the per-row costs and the bench).
 PAYING_DRAFTS = {"avx2": 1}
+# The kernel paths whose 4-bit screen beats the int8 one, so the default method verifies through it. The AVX2
+# kernel is bound by its byte dots (two vpmaddubsw per 4 weights and hidden row, on 256 bits), not by the
+# bytes it saves: gemma3-270m spec:lookup+csv:screen4 ran at 0.82x spec:lookup+csv there (docs/certified-head.md).
+SCREEN4_DEFAULT_PATHS = ("avx512vbmi", "avx512")
 
 
 def kernel_name() -> str:
@@ -183,10 +187,16 @@ def screen_gemv_int16(
 
 
 def has_screen4_kernel() -> bool:
-    """Whether the 4-bit screen runs compiled here (the AVX-512 paths); elsewhere screen4_gemv's float64
-    torch path dequantizes the whole head on every call (1.6 s per step on qwen2.5-coder)."""
+    """Whether the 4-bit screen runs compiled here (the AVX-512 and AVX2 paths); elsewhere screen4_gemv's
+    float64 torch path dequantizes the whole head on every call (1.6 s per step on qwen2.5-coder)."""
     ext = active()[1]
     return ext is not None and hasattr(ext, "screen4_gemv")
+
+
+def screen4_pays() -> bool:
+    """Whether the 4-bit screen is the certified head's fastest bound here (the default method's): compiled,
+    on a path where it measured faster than the int8 screen (SCREEN4_DEFAULT_PATHS)."""
+    return has_screen4_kernel() and kernel_name() in SCREEN4_DEFAULT_PATHS
 
 
 def screen4_gemv(panels: Screen4Panels, hidden: torch.Tensor, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,14 +205,15 @@ def screen4_gemv(panels: Screen4Panels, hidden: torch.Tensor, coords: torch.Tens
     hidden [B, d] float32, coords [B, k] float32 (the hidden rows' basis coordinates). Returns
     (center [B, V] float32 ~ <Q_i, h> + s_i <p_i, c_eff>, |r| [B] float64 of the int16 split (0 where
     the screen ran on float activations), c_eff [B, k] float32: the coordinates the center used).
-    AVX-512 paths: integer dots against int16-split rows; elsewhere, or for a row the split does not
-    take (non-finite or extreme values), float64 in torch.
+    AVX-512 and AVX2 paths: integer dots against int16-split rows; elsewhere, or for a row the split does
+    not take (non-finite or extreme values), float64 in torch.
     """
     hidden, coords = hidden.float().contiguous(), coords.float().contiguous()
     if not has_screen4_kernel() or panels.dim > INT16_SCREEN_MAX_COLS:
         return _screen4_torch(panels, hidden, coords), torch.zeros(hidden.shape[0], dtype=torch.float64), coords
-    center, remainder, effective = active()[1].screen4_gemv(
-        panels.packed, panels.vocab, panels.group, hidden, coords, "avx512_vnni" in cpu_flags())
+    path, ext = active()
+    vnni = path.startswith("avx512") and "avx512_vnni" in cpu_flags()
+    center, remainder, effective = ext.screen4_gemv(panels.packed, panels.vocab, panels.group, hidden, coords, vnni)
     unsplit = ~torch.isfinite(remainder)  # [B]
     if bool(unsplit.any()):
         center[unsplit] = _screen4_torch(panels, hidden[unsplit], coords[unsplit])
@@ -290,6 +301,7 @@ __all__ = [
     "screen_gemv",
     "Screen4Panels",
     "has_screen4_kernel",
+    "screen4_pays",
     "pack_screen4",
     "screen4_gemv",
     "screen_gemv_int16",

@@ -37,7 +37,7 @@ _SOURCE_DIR = Path(__file__).parent / "csrc"  # the C++ sources and headers
 _SOURCES = {
     "avx512vbmi": ("module_avx512.cpp", "screen_avx512.cpp", "screen4_avx512.cpp"),
     "avx512": ("module_avx512.cpp", "screen_avx512.cpp", "screen4_avx512.cpp"),
-    "avx2": ("module_avx2.cpp", "screen_avx2.cpp"),
+    "avx2": ("module_avx2.cpp", "screen_avx2.cpp", "screen4_avx2.cpp"),
     "portable": ("module_portable.cpp",),
 }
 _ISA_FLAGS = {
