@@ -13,6 +13,7 @@
 
 #include "int16_screen.h"
 #include "prefetch.h"
+#include "screen_select.h"
 #include "simd_avx2.h"
 
 namespace {
@@ -126,15 +127,9 @@ inline void for_bounds(const ScreenBounds& bounds, int64_t V, F&& f) {
 // returns the ids with upper_i >= the k-th largest lower_i. noise may be empty. Two passes, no [V] temporaries.
 torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hnorm, torch::Tensor qnorm, double rnorm,
                             double slack, double inv_t, torch::Tensor noise, int64_t k) {
-  TORCH_CHECK(center.dtype() == torch::kFloat32 && center.dim() == 1 && center.is_contiguous(), "center: [V] fp32");
-  TORCH_CHECK(coef.dtype() == torch::kFloat32 && coef.is_contiguous() && coef.numel() == center.numel(), "coef: [V] fp32");
-  const int64_t V = center.numel();
-  TORCH_CHECK(k >= 1 && k <= V && V < INT32_MAX, "k or V out of range");
-  const bool has_noise = noise.numel() > 0, has_qnorm = qnorm.numel() > 0;
-  TORCH_CHECK(!has_noise || (noise.dtype() == torch::kFloat32 && noise.is_contiguous() && noise.numel() == V), "noise: [V] fp32");
-  TORCH_CHECK(!has_qnorm || (qnorm.dtype() == torch::kFloat32 && qnorm.is_contiguous() && qnorm.numel() == V), "qnorm: [V] fp32");
-  const ScreenBounds bounds{center.data_ptr<float>(), coef.data_ptr<float>(), has_noise ? noise.data_ptr<float>() : nullptr,
-                            has_qnorm ? qnorm.data_ptr<float>() : nullptr, static_cast<float>(hnorm), static_cast<float>(rnorm),
+  const SelectInputs in = select_inputs(center, coef, qnorm, noise, k);
+  const int64_t V = in.V;
+  const ScreenBounds bounds{in.center, in.coef, in.noise, in.qnorm, static_cast<float>(hnorm), static_cast<float>(rnorm),
                             static_cast<float>(slack), static_cast<float>(inv_t)};
   float threshold;
   if (k == 1) {  // greedy and Gumbel-max: the largest lower bound

@@ -1,0 +1,32 @@
+// screen_select's inputs, checked alike on every ISA (screen_avx512.cpp, screen_avx2.cpp): one row's
+// center, coefficients, optional |Q(W_i)| and noise [V] float32, and k.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+
+namespace {
+
+struct SelectInputs {
+  const float* center;
+  const float* coef;
+  const float* noise;  // nullptr: no noise
+  const float* qnorm;  // nullptr: no remainder term
+  int64_t V;
+};
+
+inline SelectInputs select_inputs(const torch::Tensor& center, const torch::Tensor& coef, const torch::Tensor& qnorm,
+                                  const torch::Tensor& noise, int64_t k) {
+  TORCH_CHECK(center.dtype() == torch::kFloat32 && center.dim() == 1 && center.is_contiguous(), "center: [V] fp32");
+  TORCH_CHECK(coef.dtype() == torch::kFloat32 && coef.is_contiguous() && coef.numel() == center.numel(), "coef: [V] fp32");
+  const int64_t V = center.numel();
+  TORCH_CHECK(k >= 1 && k <= V && V < INT32_MAX, "k or V out of range");
+  const bool has_noise = noise.numel() > 0, has_qnorm = qnorm.numel() > 0;
+  TORCH_CHECK(!has_noise || (noise.dtype() == torch::kFloat32 && noise.is_contiguous() && noise.numel() == V), "noise: [V] fp32");
+  TORCH_CHECK(!has_qnorm || (qnorm.dtype() == torch::kFloat32 && qnorm.is_contiguous() && qnorm.numel() == V), "qnorm: [V] fp32");
+  return {center.data_ptr<float>(), coef.data_ptr<float>(), has_noise ? noise.data_ptr<float>() : nullptr,
+          has_qnorm ? qnorm.data_ptr<float>() : nullptr, V};
+}
+
+}  // namespace
