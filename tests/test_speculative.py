@@ -367,6 +367,7 @@ def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch
     head = full_head(target)
     prompt = torch.tensor(PROMPTS["repetitive"])  # the n-gram drafter always finds a match here
     reference = generate_ar(target, head, prompt, NEW_TOKENS)[0]
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
     for path, gamma, adaptive, capped in [("avx2", None, False, True), ("avx2", None, True, True), ("avx2", 3, False, False),
                                           ("avx512", None, False, False)]:
         monkeypatch.setattr(kernels, "kernel_name", lambda path=path: path)
@@ -376,6 +377,17 @@ def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch
         longest = len(stats.spec.drafted_per_position)  # the most tokens any round drafted
         assert (longest == 1) if capped else (longest > 1), (path, gamma, adaptive, longest)
 
+
+
+def test_a_cpu_whose_avx2_rows_cost_less_drafts_as_avx512_does(monkeypatch: pytest.MonkeyPatch):
+    """The AVX2 path's one-draft limit is lifted where the CPU reports amx_tile (the Xeon with AMX, measured)."""
+    import runtime.kernels as kernels
+
+    monkeypatch.setattr(kernels, "kernel_name", lambda: "avx2")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "amx_tile"}))
+    assert kernels.paying_drafts() is None
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f"}))
+    assert kernels.paying_drafts() == 1
 
 # --- draft budget ---------------------------------------------------------------------------
 

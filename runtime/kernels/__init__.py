@@ -25,6 +25,11 @@ INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of
 # of a one-row verify and a fourth a second pass over the weights; one draft per round measured best
 # (docs/results/xeon-no-amx-avx2.md has the per-row costs and the bench).
 PAYING_DRAFTS = {"avx2": 1}
+# (path, /proc/cpuinfo flag): CPUs on which that path's limit above does not hold, measured. The Intel Xeon
+# with AMX (amx_tile) runs the AVX2 path's verify rows cheaply enough for four drafts a round: a round of
+# ~3.8 rows cost 1.53x a one-row step on gemma3-270m, against 2.0x on the Xeon without AMX, and four
+# drafts beat one by 9-17 % on gemma3-270m (docs/results/xeon-amx-avx2.md).
+PAYING_DRAFTS_LIFTED = {("avx2", "amx_tile")}
 # The kernel paths whose 4-bit screen beats the int8 one, so the default method verifies through it. The AVX2
 # kernel is bound by its byte dots (two vpmaddubsw per 4 weights and hidden row, on 256 bits), not by the
 # bytes it saves: gemma3-270m spec:lookup+csv:screen4 ran at 0.82x spec:lookup+csv there (docs/certified-head.md).
@@ -37,8 +42,12 @@ def kernel_name() -> str:
 
 
 def paying_drafts() -> int | None:
-    """The most drafts per verify round worth their rows on the kernel path in use (None: no limit of its own)."""
-    return PAYING_DRAFTS.get(kernel_name())
+    """The most drafts per verify round worth their rows on the kernel path in use and this CPU (None: no
+    limit of its own)."""
+    path, flags = kernel_name(), cpu_flags()
+    if any(path == lifted and flag in flags for lifted, flag in PAYING_DRAFTS_LIFTED):
+        return None
+    return PAYING_DRAFTS.get(path)
 
 
 def set_kernel_threads(threads: int, adaptive: bool) -> None:
