@@ -13,11 +13,11 @@
 // Each a_j is split again into bytes, a = 256 hi + lo with hi, lo in [-128, 127] (why the split stops
 // at 32639), so <q, a> over 32 columns is 256 <q, hi> + <q, lo>: exact u8 x s8 dots (vpdpbusd where
 // the CPU reports avx512_vnni, vpmaddubsw + vpmaddwd otherwise, on 512 or 256 bits: the same
-// integers), |<q, a>| <= 32 * 15 * 32639 < 2^24, so its float32 is exact. The rest is float32, one lane per vocabulary row,
-// in this order: per group, fma(<q, a> over each 32 columns, d) then fma(m, sum(a_g)); then per
-// correction coordinate fma(fl(s p_j), 2^-e c_j); then times 2^e. So each row takes at most
-// 2 d/32 + k + 1 roundings, which the caller bounds (Screen4Bound). The rows come in panels of 16
-// (runtime.kernels.screen4_panels: the layout), one byte stream, ~0.69 bytes per weight at n = 32.
+// integers), |<q, a>| <= 32 * 15 * 32639 < 2^24, so its float32 is exact. The rest is float32, one
+// lane per vocabulary row, in this order: per group, fma(<q, a> over each 32 columns, d) then
+// fma(m, sum(a_g)); then per correction coordinate fma(fl(s p_j), 2^-e c_j); then times 2^e. So each
+// row takes at most 2 d/32 + k + 1 roundings, which the caller bounds (Screen4Bound). The rows come in
+// panels of 16 (runtime.kernels.screen4_panels: the layout), one byte stream, ~0.69 bytes per weight at n = 32.
 #pragma once
 
 #include <torch/extension.h>

@@ -6,10 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <memory>
-#include <queue>
-#include <vector>
 
 #include "int16_screen.h"
 #include "prefetch.h"
@@ -69,36 +66,33 @@ namespace {
 // Bounds of tokens [i, i + 8): base = c_i |h| + n_i |r| (the second term only with n), radius = base +
 // slack (|center| + base), lower / upper = (center -/+ radius) inv_t (+ noise): runtime.kernels'
 // screen_radius and screen_select in the same float32 operations (this module builds with
-// -ffp-contract=off), so the bounds are torch's bits. `Lane` is __m256 for 8 tokens or float for one.
+// -ffp-contract=off), so the bounds are torch's bits. at() takes 8 tokens (__m256) or one (float).
 struct ScreenBounds {
-  const float* c;
-  const float* e;
-  const float* g;  // noise or nullptr
-  const float* n;  // |Q(W_i)| or nullptr
+  SelectInputs in;
   float hn, rn, sl, it;
 
   inline void at(int64_t i, __m256& lo, __m256& up) const {
-    const __m256 ci = _mm256_loadu_ps(c + i), sign = _mm256_set1_ps(-0.0f);
-    __m256 base = _mm256_mul_ps(_mm256_loadu_ps(e + i), _mm256_set1_ps(hn));
-    if (n) base = _mm256_add_ps(base, _mm256_mul_ps(_mm256_loadu_ps(n + i), _mm256_set1_ps(rn)));
+    const __m256 ci = _mm256_loadu_ps(in.center + i), sign = _mm256_set1_ps(-0.0f);
+    __m256 base = _mm256_mul_ps(_mm256_loadu_ps(in.coef + i), _mm256_set1_ps(hn));
+    if (in.qnorm) base = _mm256_add_ps(base, _mm256_mul_ps(_mm256_loadu_ps(in.qnorm + i), _mm256_set1_ps(rn)));
     const __m256 radius = _mm256_add_ps(base, _mm256_mul_ps(_mm256_set1_ps(sl), _mm256_add_ps(_mm256_andnot_ps(sign, ci), base)));
     lo = _mm256_mul_ps(_mm256_sub_ps(ci, radius), _mm256_set1_ps(it));
     up = _mm256_mul_ps(_mm256_add_ps(ci, radius), _mm256_set1_ps(it));
-    if (g) {
-      const __m256 gi = _mm256_loadu_ps(g + i);
+    if (in.noise) {
+      const __m256 gi = _mm256_loadu_ps(in.noise + i);
       lo = _mm256_add_ps(lo, gi);
       up = _mm256_add_ps(up, gi);
     }
   }
   inline void at(int64_t i, float& lo, float& up) const {
-    float base = e[i] * hn;
-    if (n) base = base + n[i] * rn;
-    const float radius = base + sl * (std::fabs(c[i]) + base);
-    lo = (c[i] - radius) * it;
-    up = (c[i] + radius) * it;
-    if (g) {
-      lo = lo + g[i];
-      up = up + g[i];
+    float base = in.coef[i] * hn;
+    if (in.qnorm) base = base + in.qnorm[i] * rn;
+    const float radius = base + sl * (std::fabs(in.center[i]) + base);
+    lo = (in.center[i] - radius) * it;
+    up = (in.center[i] + radius) * it;
+    if (in.noise) {
+      lo = lo + in.noise[i];
+      up = up + in.noise[i];
     }
   }
 };
@@ -129,8 +123,8 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
                             double slack, double inv_t, torch::Tensor noise, int64_t k) {
   const SelectInputs in = select_inputs(center, coef, qnorm, noise, k);
   const int64_t V = in.V;
-  const ScreenBounds bounds{in.center, in.coef, in.noise, in.qnorm, static_cast<float>(hnorm), static_cast<float>(rnorm),
-                            static_cast<float>(slack), static_cast<float>(inv_t)};
+  const ScreenBounds bounds{in, static_cast<float>(hnorm), static_cast<float>(rnorm), static_cast<float>(slack),
+                            static_cast<float>(inv_t)};
   float threshold;
   if (k == 1) {  // greedy and Gumbel-max: the largest lower bound
     __m256 best = _mm256_set1_ps(-INFINITY);
@@ -138,17 +132,14 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, best);
     threshold = *std::max_element(lanes, lanes + 8);
-  } else {  // k-th largest lower bound via a size-k min-heap
-    std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
+  } else {  // the k-th largest lower bound
+    KthLargest kth(k);
     alignas(32) float block[8];
     for_bounds(bounds, V, [&](int64_t, __m256 lo, __m256, int lanes = 8) {
       _mm256_store_ps(block, lo);
-      for (int r = 0; r < lanes; ++r) {
-        if (static_cast<int64_t>(heap.size()) < k) heap.push(block[r]);
-        else if (block[r] > heap.top()) { heap.pop(); heap.push(block[r]); }
-      }
+      for (int r = 0; r < lanes; ++r) kth.offer(block[r]);
     });
-    threshold = heap.top();
+    threshold = kth.value();
   }
   const __m256 limit = _mm256_set1_ps(threshold);
   std::unique_ptr<int64_t[]> ids(new int64_t[V]);  // uninitialized: only the first `count` are written

@@ -22,9 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <memory>
-#include <queue>
 #include <vector>
 
 namespace {
@@ -249,21 +247,18 @@ namespace {
 // Bounds of tokens [i, i + 16) (lanes outside m are garbage): base = c_i |h| + n_i |r| (the second
 // term only with n), radius = base + slack (|center| + base).
 struct ScreenBounds {
-  const float* c;
-  const float* e;
-  const float* g;  // noise or nullptr
-  const float* n;  // |Q(W_i)| or nullptr
+  SelectInputs in;
   __m512 hn, rn, sl, it;
 
   inline void at(int64_t i, __mmask16 m, __m512& lo, __m512& up) const {
-    const __m512 ci = _mm512_maskz_loadu_ps(m, c + i);
-    __m512 base = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + i), hn);
-    if (n) base = _mm512_add_ps(base, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, n + i), rn));
+    const __m512 ci = _mm512_maskz_loadu_ps(m, in.center + i);
+    __m512 base = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, in.coef + i), hn);
+    if (in.qnorm) base = _mm512_add_ps(base, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, in.qnorm + i), rn));
     const __m512 radius = _mm512_add_ps(base, _mm512_mul_ps(sl, _mm512_add_ps(_mm512_abs_ps(ci), base)));
     lo = _mm512_mul_ps(_mm512_sub_ps(ci, radius), it);
     up = _mm512_mul_ps(_mm512_add_ps(ci, radius), it);
-    if (g) {
-      const __m512 gi = _mm512_maskz_loadu_ps(m, g + i);
+    if (in.noise) {
+      const __m512 gi = _mm512_maskz_loadu_ps(m, in.noise + i);
       lo = _mm512_add_ps(lo, gi);
       up = _mm512_add_ps(up, gi);
     }
@@ -281,7 +276,7 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
                             double slack, double inv_t, torch::Tensor noise, int64_t k) {
   const SelectInputs in = select_inputs(center, coef, qnorm, noise, k);
   const int64_t V = in.V;
-  const ScreenBounds bounds{in.center, in.coef, in.noise, in.qnorm, _mm512_set1_ps(static_cast<float>(hnorm)),
+  const ScreenBounds bounds{in, _mm512_set1_ps(static_cast<float>(hnorm)),
                             _mm512_set1_ps(static_cast<float>(rnorm)), _mm512_set1_ps(static_cast<float>(slack)),
                             _mm512_set1_ps(static_cast<float>(inv_t))};
   __m512 lo, up;
@@ -294,19 +289,18 @@ torch::Tensor screen_select(torch::Tensor center, torch::Tensor coef, double hno
       best = _mm512_mask_max_ps(best, m, best, lo);
     }
     threshold = _mm512_reduce_max_ps(best);
-  } else {  // k-th largest lower bound via a size-k min-heap
-    std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
+  } else {  // the k-th largest lower bound
+    KthLargest kth(k);
     alignas(64) float block[16];
     for (int64_t i = 0; i < V; i += 16) {
       const __mmask16 m = tail_mask(V - i);
       bounds.at(i, m, lo, up);
       _mm512_store_ps(block, lo);
       for (int64_t r = 0; r < std::min<int64_t>(16, V - i); ++r) {
-        if (static_cast<int64_t>(heap.size()) < k) heap.push(block[r]);
-        else if (block[r] > heap.top()) { heap.pop(); heap.push(block[r]); }
+        kth.offer(block[r]);
       }
     }
-    threshold = heap.top();
+    threshold = kth.value();
   }
   const __m512 limit = _mm512_set1_ps(threshold);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);

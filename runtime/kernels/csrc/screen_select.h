@@ -1,10 +1,14 @@
-// screen_select's inputs, checked alike on every ISA (screen_avx512.cpp, screen_avx2.cpp): one row's
-// center, coefficients, optional |Q(W_i)| and noise [V] float32, and k.
+// What screen_select shares on every ISA (screen_avx512.cpp, screen_avx2.cpp): its inputs, checked alike
+// (one row's center, coefficients, optional |Q(W_i)| and noise [V] float32, and k), and the k-th largest
+// lower bound for k > 1.
 #pragma once
 
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <functional>
+#include <queue>
+#include <vector>
 
 namespace {
 
@@ -28,5 +32,20 @@ inline SelectInputs select_inputs(const torch::Tensor& center, const torch::Tens
   return {center.data_ptr<float>(), coef.data_ptr<float>(), has_noise ? noise.data_ptr<float>() : nullptr,
           has_qnorm ? qnorm.data_ptr<float>() : nullptr, V};
 }
+
+// The k-th largest of the values offered so far (at least k offered): a size-k min-heap.
+class KthLargest {
+ public:
+  explicit KthLargest(int64_t k) : k_(k) {}
+  void offer(float value) {
+    if (static_cast<int64_t>(heap_.size()) < k_) heap_.push(value);
+    else if (value > heap_.top()) { heap_.pop(); heap_.push(value); }
+  }
+  float value() const { return heap_.top(); }
+
+ private:
+  int64_t k_;
+  std::priority_queue<float, std::vector<float>, std::greater<float>> heap_;
+};
 
 }  // namespace
