@@ -29,6 +29,7 @@ inline void half_panel(const Panels& p, int64_t panel, const Prepared* h, float*
   for (int b = 0; b < N; ++b) acc[b] = _mm256_setzero_ps();
   for (int64_t g = 0; g < p.G; ++g) {
     const uint8_t* group = base + g * p.group_bytes;
+    if constexpr (Half == 0) prefetch_ahead(p, panel, g);  // the second half reads the same lines
     const __m256 scale = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(group + 8 * p.n + 16 * Half)));
     for (int64_t half = 0; half < p.n / 32; ++half) {
       // Two 16-bit chains per hidden row, the high and the low bytes of a: eight pair sums each over the

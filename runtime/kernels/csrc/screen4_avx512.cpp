@@ -32,6 +32,7 @@ inline void panel_dot(const Panels& p, int64_t panel, const Prepared* h, float* 
   for (int b = 0; b < N; ++b) acc[b] = _mm512_setzero_ps();
   for (int64_t g = 0; g < p.G; ++g) {
     const uint8_t* group = base + g * p.group_bytes;
+    prefetch_ahead(p, panel, g);
     const __m512 scale = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(group + 8 * p.n)));
     for (int64_t half = 0; half < p.n / 32; ++half) {
       // Two int32 chains per hidden row: the high and the low bytes of a.
@@ -81,8 +82,7 @@ void panels_batch(int64_t count, const Panels& p, const Prepared* h, int64_t beg
 
 template <bool Vnni>
 struct Avx512Panels {
-  static constexpr int kBatch = 4;  // hidden rows per pass over the panels (no software prefetch: the
-                                    // hardware's follows the one stream, and measured faster without)
+  static constexpr int kBatch = 4;  // hidden rows per pass over the panels
   static void panels(int64_t count, const Panels& p, const Prepared* h, int64_t begin, int64_t end, float* y) {
     panels_batch<Vnni, kBatch>(count, p, h, begin, end, y);
   }
