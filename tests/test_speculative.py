@@ -378,7 +378,6 @@ def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch
         assert (longest == 1) if capped else (longest > 1), (path, gamma, adaptive, longest)
 
 
-
 def test_a_cpu_whose_avx2_rows_cost_less_drafts_as_avx512_does(monkeypatch: pytest.MonkeyPatch):
     """The AVX2 path's one-draft limit is lifted where the CPU reports amx_tile (the Xeon with AMX, measured)."""
     import runtime.kernels as kernels
@@ -388,6 +387,7 @@ def test_a_cpu_whose_avx2_rows_cost_less_drafts_as_avx512_does(monkeypatch: pyte
     assert kernels.paying_drafts() is None
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f"}))
     assert kernels.paying_drafts() == 1
+
 
 # --- draft budget ---------------------------------------------------------------------------
 

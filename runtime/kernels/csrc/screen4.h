@@ -56,7 +56,8 @@ constexpr int64_t kPrefetchPanels = 1;  // panels ahead of the one being read (2
 // Prefetch (into L2) group g of the panel kPrefetchPanels after `panel`, and with the last group its
 // corrections: the next panel's bytes, spread over this one's groups. With the hardware's prefetch
 // alone a screen waited on its memory: on the Intel Xeon with AMX the group's scale load took half
-// of a one-row screen's time, and the prefetch cut the screen by 15-40 % (docs/certified-head.md).
+// of a one-row screen's time, and the prefetch cut most screens there by 12-28 % (gemma3-270m's
+// one-row AVX2 screen did not move; docs/certified-head.md).
 inline void prefetch_ahead(const Panels& p, int64_t panel, int64_t g) {
   if (panel + kPrefetchPanels >= p.count) return;
   const uint8_t* group = p.base + (panel + kPrefetchPanels) * p.panel_bytes + g * p.group_bytes;
