@@ -20,10 +20,11 @@ from runtime.kernels.screen4_panels import Screen4Panels, pack_screen4, unpack_i
 SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
 # The most drafts per verify round worth their rows on a kernel path, where that is fewer than the
-# methods' default (runtime.loops.speculative.DEFAULT_GAMMA). AVX2 keeps three rows' accumulators in its 16
-# ymm registers and screens the head with 256-bit multiply-adds, so each extra row costs a large share
-# of a one-row verify and a fourth a second pass over the weights; one draft per round measured best
-# (docs/results/xeon-no-amx-avx2.md has the per-row costs and the bench).
+# methods' default (runtime.loops.speculative.DEFAULT_GAMMA). AVX2 screens the head with 256-bit
+# multiply-adds and decodes a weight row's blocks with twice the operations AVX-512 needs, so each extra
+# row costs a large share of a one-row verify; one draft per round measured best (docs/results/xeon-no-amx-avx2.md
+# has the per-row costs and the bench). Measured before AVX2 covered 4-6 rows in one pass over the
+# weights (gemm.h's lane parts; a fourth row had cost a second pass): not measured again there since.
 PAYING_DRAFTS = {"avx2": 1}
 # (path, /proc/cpuinfo flag): CPUs on which that path's limit above does not hold, measured. The Intel Xeon
 # with AMX (amx_tile) runs the AVX2 path's verify rows cheaply enough for four drafts a round: a round of

@@ -7,7 +7,8 @@
 // reduce(acc0 + acc1) with GCC's _mm512_reduce_add_ps tree. Each weight value is materialized
 // exactly (the dequantized float) before its FMA, so a block format gives the same bits as the
 // fp32 kernel on `dequantize(w)`. Each weight row streams from memory once per pass over up to
-// kMaxBatch rows of x; rows_for(n) weight rows share a pass (independent chains).
+// kMaxBatch rows of x; rows_for(n) weight rows share a pass (independent chains), covered in
+// parts_for(n) lane parts (AVX2 above three rows of x: lanes 0..7, then 8..15, the row then in L1).
 #pragma once
 
 #include <algorithm>
@@ -37,27 +38,51 @@ inline void for_tail(int64_t cols, F&& step) {
   if (rest > 16) step(j + 16, rest - 16);
 }
 
-// The two accumulators of each (weight row r, x row b) pair of a rows_dot pass.
+// The two accumulators of each (weight row r, x row b) pair of a rows_dot pass, per lane part
+// (simd::parts_for: on AVX2 above three rows of x a pass covers its weight rows twice, 8 lanes at a
+// time, so the accumulators fit in registers; each lane's chain of FMAs is the same either way).
 template <int R, int N>
 struct Accumulators {
-  V v[R][N][2];
+  static constexpr int kParts = parts_for(N);
+  static_assert(kParts == 1 || kParts == 2, "a row is covered in one or two lane parts");
+  using T = typename Part<kParts, 0>::T;  // (the same type for every part)
+  struct Lanes { T v[R][N][2]; };
+  Lanes part[kParts];
   void clear() {
     SV_UNROLL
-    for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < kParts; ++h) {
       SV_UNROLL
-      for (int b = 0; b < N; ++b) v[r][b][0] = v[r][b][1] = zero();
+      for (int r = 0; r < R; ++r) {
+        SV_UNROLL
+        for (int b = 0; b < N; ++b) part[h].v[r][b][0] = part[h].v[r][b][1] = Part<kParts, 0>::zero();
+      }
+    }
+  }
+  // Accumulator q of pair (r, b), all 16 lanes.
+  V joined(int r, int b, int q) const {
+    V v;
+    Part<kParts, 0>::put(v, part[0].v[r][b][q]);
+    if constexpr (kParts > 1) Part<kParts, 1>::put(v, part[1].v[r][b][q]);
+    return v;
+  }
+  // acc0 of pair (r, b) += w * x, lane by lane (the elementwise tail).
+  void add_product(int r, int b, V w, V x) {
+    using P0 = Part<kParts, 0>;
+    part[0].v[r][b][0] = P0::fma(P0::get(w), P0::get(x), part[0].v[r][b][0]);
+    if constexpr (kParts > 1) {
+      using P1 = Part<kParts, 1>;
+      part[1].v[r][b][0] = P1::fma(P1::get(w), P1::get(x), part[1].v[r][b][0]);
     }
   }
 };
 
-// Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x [N, cols],
-// added to acc. Every (r, b) pair has its own two accumulators, so each output is summed in the
-// order above whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait.
-// With prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is read.
-template <class D, int R, int N>
-inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
-                            bool prefetch_ahead) {
-  Accumulators<R, N> a = acc;  // a local copy stays in registers (acc may alias x for the compiler)
+// rows_dot_blocks for lane part H: each weight value's part H is decoded (the compiler drops the
+// other part's operations) and multiplied into part H of its accumulators.
+template <class D, int R, int N, int H>
+inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
+                          bool prefetch_ahead) {
+  using P = Part<Accumulators<R, N>::kParts, H>;
+  auto a = acc.part[H];  // a local copy stays in registers (acc may alias x for the compiler)
   for (int64_t k = k0; k < k1; ++k) {
     const uint8_t* block = w + k * D::kBytes;
     typename D::State state[R];
@@ -72,19 +97,44 @@ inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
       V w[R][2];
       SV_UNROLL
       for (int r = 0; r < R; ++r) D::chunk(state[r], block + r * rb, c, w[r][0], w[r][1]);
-      SV_UNROLL
-      for (int b = 0; b < N; ++b) {
-        // Each x vector loaded once into a register for the R rows (GCC would fold it into every FMA).
-        const V x0 = in_register(load(x + b * cols + j)), x1 = in_register(load(x + b * cols + j + 16));
+      if constexpr (Accumulators<R, N>::kParts == 1) {
         SV_UNROLL
-        for (int r = 0; r < R; ++r) {
-          a.v[r][b][0] = fma(w[r][0], x0, a.v[r][b][0]);
-          a.v[r][b][1] = fma(w[r][1], x1, a.v[r][b][1]);
+        for (int b = 0; b < N; ++b) {
+          // Each x vector loaded once into a register for the R rows (GCC would fold it into every FMA).
+          const auto x0 = P::load(x + b * cols + j), x1 = P::load(x + b * cols + j + 16);
+          SV_UNROLL
+          for (int r = 0; r < R; ++r) {
+            a.v[r][b][0] = P::fma(P::get(w[r][0]), x0, a.v[r][b][0]);
+            a.v[r][b][1] = P::fma(P::get(w[r][1]), x1, a.v[r][b][1]);
+          }
+        }
+      } else {  // w[.][0] used up before w[.][1]: fewer live registers (in whole-vector passes this order ran
+                // 12 % slower on AVX2, two rows of Q5_0)
+        SV_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          SV_UNROLL
+          for (int b = 0; b < N; ++b) {
+            const auto xh = P::load(x + b * cols + j + 16 * half);
+            SV_UNROLL
+            for (int r = 0; r < R; ++r) a.v[r][b][half] = P::fma(P::get(w[r][half]), xh, a.v[r][b][half]);
+          }
         }
       }
     }
   }
-  acc = a;
+  acc.part[H] = a;
+}
+
+// Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x [N, cols],
+// added to acc. Every (r, b) pair has its own two accumulators, so each output is summed in the
+// order above whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait.
+// With prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is
+// read (in the first lane part: the second finds the rows in L1).
+template <class D, int R, int N>
+inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
+                               bool prefetch_ahead) {
+  rows_dot_part<D, R, N, 0>(acc, w, rb, x, cols, k0, k1, prefetch_ahead);
+  if constexpr (Accumulators<R, N>::kParts > 1) rows_dot_part<D, R, N, 1>(acc, w, rb, x, cols, k0, k1, false);
 }
 
 // After the last whole block: the elementwise types' tail, or the blocks of a D::Tail, then
@@ -102,7 +152,7 @@ inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
       for (int r = 0; r < R; ++r) {
         const V w0 = D::partial(w + r * rb, j, m);
         SV_UNROLL
-        for (int b = 0; b < N; ++b) acc.v[r][b][0] = fma(w0, load_partial(x + b * cols + j, m), acc.v[r][b][0]);
+        for (int b = 0; b < N; ++b) acc.add_product(r, b, w0, load_partial(x + b * cols + j, m));
       }
     });
   }
@@ -110,7 +160,7 @@ inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
   SV_UNROLL
   for (int r = 0; r < R; ++r) {
     SV_UNROLL
-    for (int b = 0; b < N; ++b) sums[r * N + b] = add(acc.v[r][b][0], acc.v[r][b][1]);
+    for (int b = 0; b < N; ++b) sums[r * N + b] = add(acc.joined(r, b, 0), acc.joined(r, b, 1));
   }
   reduce_rows<R, N>(sums, y, ys);
 }

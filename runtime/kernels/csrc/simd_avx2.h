@@ -14,8 +14,13 @@ namespace simd {
 
 constexpr const char* kPath = "avx2";
 constexpr int kAccumulators = 6;  // accumulator vectors a kernel may keep in registers (12 of 16 ymm)
-constexpr int kMaxBatch = 3;  // activation rows per pass: 12 of the 16 ymm registers hold accumulators
+constexpr int kMaxBatch = 6;  // activation rows per pass (above 3 in two lane parts: 12 of the 16 ymm registers accumulate)
 constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
+// Lane parts per pass for n rows of x: one (all 16 lanes, 4 ymm per row of x) up to three rows, then
+// two passes of 8 lanes over each weight row (2 ymm per row of x), the second from L1: 4-6 rows then
+// stream and decode the weights once instead of twice (3 + n - 3 rows), e.g. qwen2.5-coder's verify
+// of 4 rows 2.10x -> 1.64x the time of one.
+constexpr int parts_for(int n) { return n <= 3 ? 1 : 2; }
 
 struct V { __m256 lo, hi; };   // lanes 0..7, 8..15
 struct I { __m256i lo, hi; };
@@ -123,6 +128,18 @@ inline V load_bf16(const uint8_t* p) {
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }  // exact, like numpy's float16 -> float32
 
 inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }  // into L2, as on AVX-512
+
+#include "parts.h"
+// Lanes 8H..8H+7 of a 16-lane vector (a weight row's two passes above three rows of x).
+template <int H>
+struct Part<2, H> {
+  using T = __m256;
+  static T get(V a) { return H ? a.hi : a.lo; }
+  static T load(const float* p) { return _mm256_loadu_ps(p + 8 * H); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T zero() { return _mm256_setzero_ps(); }
+  static void put(V& a, T t) { (H ? a.hi : a.lo) = t; }
+};
 
 }  // namespace simd
 }  // namespace

@@ -25,6 +25,7 @@ constexpr int kMaxBatch = 6;
 // Weight rows R per pass for n (<= kMaxBatch) rows of x: independent rows to decode while FMAs
 // wait, R * n * 2 accumulators (at most 24 of the 32 zmm registers).
 constexpr int rows_for(int n) { return n <= 2 ? 4 : n == 3 ? 3 : 2; }
+constexpr int parts_for(int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
 
 struct V { __m512 v; };   // 16 floats
 struct I { __m512i v; };  // 16 int32
@@ -199,6 +200,8 @@ inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }  // exact, like 
 // Into L2 (T1), not L1: prefetches into L1 wait on its few miss buffers, which held a streamed
 // matrix to ~10 GB/s on the Zen 4 EPYC (a Q8_0 head at one row: 8 -> 17 G weights/s with T1).
 inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
+#include "parts.h"
 
 }  // namespace simd
 }  // namespace

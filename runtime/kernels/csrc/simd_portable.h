@@ -13,6 +13,7 @@ namespace simd {
 constexpr const char* kPath = "portable";
 constexpr int kAccumulators = 8;  // accumulator vectors per pass (no registers to fit: any count works)
 constexpr int kMaxBatch = 4;
+constexpr int parts_for(int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
 constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
 
 struct V { float v[16]; };
@@ -111,6 +112,8 @@ inline V load_bf16(const uint8_t* p) {
 inline void prefetch(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }  // into L2 (locality 2 is T1), as on AVX-512
 
 #undef SV_LANES
+
+#include "parts.h"
 
 }  // namespace simd
 }  // namespace
