@@ -132,7 +132,7 @@ inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb,
 // read (in the first lane part: the second finds the rows in L1).
 template <class D, int R, int N>
 inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
-                               bool prefetch_ahead) {
+                            bool prefetch_ahead) {
   rows_dot_part<D, R, N, 0>(acc, w, rb, x, cols, k0, k1, prefetch_ahead);
   if constexpr (Accumulators<R, N>::kParts > 1) rows_dot_part<D, R, N, 1>(acc, w, rb, x, cols, k0, k1, false);
 }
