@@ -3,6 +3,9 @@
 It serves /health, /props and /completion on --port, and appends
 every /completion body to FAKE_LLAMA_REQUESTS (JSON lines). Tokens are made up: prompt[-1] + 1, + 2, ...
 (mod 100); prefill takes 10 ms and each further token 2 ms, as the reply's timings say.
+With `-md HEAD --spec-type draft-eagle3` it speculates as llama-server reports it: of the n - 1 tokens after the
+first, half (rounded down) were accepted drafts, each of the other forwards drafted --spec-draft-n-max (3).
+FAKE_LLAMA_ARGV: write the command line there (JSON), to check the flags.
 FAKE_LLAMA_FAIL: print it and exit 1 instead of serving (a model the server cannot load).
 """
 
@@ -17,6 +20,8 @@ PREFILL_MS, TOKEN_MS = 10.0, 2.0
 
 
 class Handler(BaseHTTPRequestHandler):
+    drafts_per_round = 0  # llama-server's --spec-draft-n-max under --spec-type draft-eagle3; 0: no speculation
+
     def log_message(self, *args) -> None:  # keep the log to the server's own lines
         pass
 
@@ -43,6 +48,9 @@ class Handler(BaseHTTPRequestHandler):
         tokens = [(body["prompt"][-1] + 1 + i) % 100 for i in range(n)]
         timings = {"prompt_n": len(body["prompt"]), "prompt_ms": PREFILL_MS, "predicted_n": n,
                    "predicted_ms": TOKEN_MS * (n - 1), "predicted_per_second": 1e3 / TOKEN_MS}
+        if self.drafts_per_round:
+            accepted = (n - 1) // 2
+            timings.update(draft_n=self.drafts_per_round * (n - 1 - accepted), draft_n_accepted=accepted)
         self._reply(200, {"content": "", "tokens": tokens, "stop_type": "limit", "timings": timings})
 
 
@@ -50,7 +58,12 @@ def main(argv: list[str]) -> None:
     if os.environ.get("FAKE_LLAMA_FAIL"):
         print(f"main: {os.environ['FAKE_LLAMA_FAIL']}", file=sys.stderr)
         sys.exit(1)
-    args = dict(zip(argv[::2], argv[1::2]))
+    if os.environ.get("FAKE_LLAMA_ARGV"):
+        with open(os.environ["FAKE_LLAMA_ARGV"], "w") as out:
+            json.dump(argv, out)
+    args = {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("-")}
+    if args.get("--spec-type") == "draft-eagle3" and "-md" in args:
+        Handler.drafts_per_round = int(args.get("--spec-draft-n-max", 3))
     HTTPServer((args["--host"], int(args["--port"])), Handler).serve_forever()
 
 

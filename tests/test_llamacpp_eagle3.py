@@ -12,14 +12,16 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
 from factories import in_user_cache, prep_ok
-from runtime.llamacpp.server import BIN_ENV, LlamaServerDecoder, find_server
+from runtime.common.sampling import SamplingParams
+from runtime.llamacpp.server import BIN_ENV, Eagle3Draft, LlamaServerDecoder
+from runtime.loops.decode import drive
+from runtime.models.tokenizer import load_tokenizer
 
 SRC_ENV = "SPECVOCAB_LLAMACPP_SRC"
 MODEL = "smollm2-135m-instruct"
@@ -80,20 +82,14 @@ def test_the_converter_reads_our_layer_ids_and_draft_vocabulary(converted):
     assert d2t.numel() == DRAFT_VOCAB
 
 
-def test_llama_server_drafts_with_the_converted_head(converted, tmp_path: Path):
-    """llama-server --spec-type draft-eagle3 decodes greedily with the head, drafting DRAFTS tokens a round."""
+def test_llama_server_drafts_with_the_converted_head(converted):
+    """llama-server --spec-type draft-eagle3 (method llamacpp:bin:eagle3) decodes greedily with the head, drafting
+    DRAFTS tokens a round, and its replies count what it drafted and kept."""
     _, target, out = converted
-    wrapper = tmp_path / "llama-server"  # the plain server plus the head, as the bench's llamacpp:bin row runs it
-    wrapper.write_text(f"#!/bin/sh\nexec {find_server()} \"$@\" -md {out} --spec-type draft-eagle3 "
-                       f"--spec-draft-n-max {DRAFTS} -td 1 -tbd 1\n")
-    wrapper.chmod(0o755)
-    decoder = LlamaServerDecoder(target.gguf_path, frozenset(), threads=1, binary=wrapper)
-    body = {"prompt": PROMPT, "n_predict": NEW_TOKENS, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-            "return_tokens": True}
-    request = urllib.request.Request(f"{decoder.url}/completion", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as reply:
-        answer = json.load(reply)
-    assert len(answer["tokens"]) == NEW_TOKENS
-    timings = answer["timings"]  # the server counts what its draft-eagle3 speculator proposed and what was kept
-    assert timings["draft_n"] >= DRAFTS and 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    decoder = LlamaServerDecoder(target.gguf_path, frozenset(), threads=1, eagle3=Eagle3Draft(out, max_drafts=DRAFTS))
+    prompt = torch.tensor(load_tokenizer(target.path).encode(PROMPT))
+    tokens, stats = drive(decoder(prompt, NEW_TOKENS, SamplingParams(), None))
+    assert len(tokens) == NEW_TOKENS
+    spec = stats.spec  # llama.cpp counts what its draft-eagle3 speculator proposed and what was kept
+    assert spec is not None and spec.drafted >= DRAFTS and 0 <= spec.accepted <= spec.drafted
+    assert spec.rounds == NEW_TOKENS - 1 - spec.accepted

@@ -16,7 +16,7 @@ import torch
 
 from runtime.common.sampling import SamplingParams
 from runtime.llamacpp.bindings import LlamaCppUnavailable, features_line
-from runtime.llamacpp.server import BIN_ENV, LlamaServerDecoder, find_server
+from runtime.llamacpp.server import BIN_ENV, Eagle3Draft, LlamaServerDecoder, find_server
 from runtime.methods import canonical, parse_method
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
@@ -43,8 +43,23 @@ def requests(tmp_path: Path) -> list[dict]:
 def test_llamacpp_bin_parses_and_makes_no_identity_claim():
     spec = parse_method("llamacpp:bin")
     assert canonical(spec) == "llamacpp:bin" and spec.options.binary and not spec.distribution_preserving
-    for bad in ("llamacpp:bin:2", "llamacpp:binary"):
-        with pytest.raises(ValueError, match="takes nothing, lookup.* or bin"):
+    with pytest.raises(ValueError, match="takes nothing, lookup.* or bin"):
+        parse_method("llamacpp:binary")
+
+
+def test_llamacpp_bin_eagle3_names_the_head_and_llama_cpps_own_draft_options():
+    spec = parse_method("llamacpp:bin:eagle3=heads/q.gguf:pmin=0.5:n=4")
+    assert canonical(spec) == "llamacpp:bin:eagle3=heads/q.gguf:n=4:pmin=0.5" and not spec.distribution_preserving
+    assert spec.options.eagle3 == Eagle3Draft(Path("heads/q.gguf"), max_drafts=4, min_probability=0.5)
+    assert canonical(parse_method("llamacpp:bin:eagle3=h.gguf")) == "llamacpp:bin:eagle3=h.gguf"  # llama.cpp's defaults
+    for bad, message in (("llamacpp:bin:2", "takes eagle3=HEAD.gguf, n=N and pmin=P, each at most once, not '2'"),
+                         ("llamacpp:bin:draft=h.gguf", "takes eagle3=HEAD.gguf, n=N and pmin=P"),
+                         ("llamacpp:bin:eagle3=a.gguf:eagle3=b.gguf", "each at most once"),
+                         ("llamacpp:bin:n=4", "name its head with eagle3=HEAD.gguf"),
+                         ("llamacpp:bin:eagle3=", "eagle3 takes a path to the head's GGUF, not ''"),
+                         ("llamacpp:bin:eagle3=h.gguf:n=0", "n takes an integer in 1..32, not '0'"),
+                         ("llamacpp:bin:eagle3=h.gguf:pmin=2", r"pmin takes a number in \[0, 1\], not '2'")):
+        with pytest.raises(ValueError, match=message):
             parse_method(bad)
 
 
@@ -95,6 +110,36 @@ def test_the_eos_guard_redoes_only_a_run_that_put_eos_early(fake_server: Path, t
     assert stats.seconds_prefill == pytest.approx(0.010) and stats.seconds_decode == pytest.approx(0.002 + 0.010 + 0.006)
 
 
+def test_eagle3_runs_llamacpps_speculation_with_the_head_and_counts_what_it_kept(fake_server: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    head = tmp_path / "head.gguf"
+    head.write_bytes(b"GGUF")
+    monkeypatch.setenv("FAKE_LLAMA_ARGV", str(tmp_path / "argv.json"))
+    decoder = LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=2, eagle3=Eagle3Draft(head, max_drafts=4))
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[argv.index("-md"):] == ["-md", str(head), "--spec-type", "draft-eagle3", "-td", "2", "-tbd", "2",
+                                        "--spec-draft-n-max", "4"]
+    tokens, stats = _drive(decoder(torch.tensor([5, 6, 7]), 9, SamplingParams(), None))
+    assert tokens == list(range(8, 17))
+    # the fake: of the 8 tokens after the first, 4 were accepted drafts, so 4 target forwards, each drafting 4
+    spec = stats.spec
+    assert (spec.rounds, spec.drafts, spec.drafted, spec.accepted) == (4, 4, 16, 4) and stats.forwards == 5
+    assert spec.mean_accepted_length == 2.0 and spec.acceptance_rate == 0.25
+    assert spec.seconds_verify == 0 and spec.predicted_tokens_per_s == 0.0  # llama.cpp reports no phase times
+
+
+def test_plain_decoding_by_the_binary_reports_no_speculation(fake_server: Path, tmp_path: Path):
+    decoder = LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=1)
+    _, stats = _drive(decoder(torch.tensor([5]), 4, SamplingParams(), None))
+    assert stats.spec is None and stats.forwards == 4
+
+
+def test_a_missing_head_is_one_line_naming_the_converter(fake_server: Path, tmp_path: Path):
+    with pytest.raises(LlamaCppUnavailable, match=r"eagle3=.*none\.gguf: no such file; convert the head with llama.cpp's "
+                                                  "convert_hf_to_gguf.py"):
+        LlamaServerDecoder(tmp_path / "m.gguf", EOS, threads=1, eagle3=Eagle3Draft(tmp_path / "none.gguf"))
+
+
 def test_a_server_that_cannot_load_the_model_is_refused_with_its_reason(fake_server: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_LLAMA_FAIL", "error: failed to load model")
@@ -127,10 +172,18 @@ def test_bench_runs_the_binary_beside_ar_and_records_its_build(fake_server: Path
     assert CliRunner().invoke(prep_main, ["cluster", str(tiny_model_dir), "-o", str(art), "--clusters", "8"]).exit_code == 0
     engine = api.load(art, progress=False)
     engine.session.model.gguf_path = tmp_path / "m.gguf"  # the fake serves any path
-    record = engine.bench(["ar", "llamacpp:bin"], ["w5 w6", "w7"], max_new_tokens=4)
+    head = tmp_path / "head.gguf"
+    head.write_bytes(b"GGUF")
+    eagle3 = f"llamacpp:bin:eagle3={head}:n=2"
+    record = engine.bench(["ar", "llamacpp:bin", eagle3], ["w5 w6", "w7"], max_new_tokens=4)
     row = next(r for r in record["methods"] if r["method"] == "llamacpp:bin")
     assert row["tokens_per_s"] == pytest.approx(500.0) and row["new_tokens"] == 8
     assert row["identical_to_greedy"] is None and row["identical_to_ar"] in (0.0, 0.5, 1.0)
+    assert "mean_accepted_length" not in row
+    # llama.cpp's speculation: per prompt 3 tokens after the first, 1 an accepted draft, 2 forwards drafting 2 each
+    row = next(r for r in record["methods"] if r["method"] == eagle3)
+    assert row["mean_accepted_length"] == 1.5 and row["acceptance_rate"] == 0.25 and row["identical_to_greedy"] is None
+    assert row["draft_ms_per_token"] is None and row["verify_ms_per_round"] is None and row["predicted_tokens_per_s"] is None
     assert record["setup"]["llamacpp_bin_build"].startswith("llama-server b4242-fake123: ")
     assert "llamacpp_build" not in record["setup"]  # llama-cpp-python was not run
 

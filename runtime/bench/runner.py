@@ -132,12 +132,15 @@ def _speculative_fields(result: MethodResult, reference: MethodResult | None) ->
     if not specs:
         return {}
     total = SpecStats.combined(specs)
+    counts = {"mean_accepted_length": total.mean_accepted_length, "acceptance_rate": total.acceptance_rate,
+              "acceptance_by_position": total.acceptance_per_position}
+    if total.seconds_verify <= 0:  # counts without phase times: llama.cpp's own speculation (llamacpp:bin:eagle3)
+        return {**counts, "draft_share_of_ar_step": None, "draft_ms_per_token": None, "verify_ms_per_round": None,
+                "predicted_tokens_per_s": None}
     step_ms = 1e3 / reference.tokens_per_s if reference is not None and reference.tokens_per_s else None
     draft_ms = 1e3 * total.seconds_draft_per_token
     return {
-        "mean_accepted_length": total.mean_accepted_length,
-        "acceptance_rate": total.acceptance_rate,
-        "acceptance_by_position": total.acceptance_per_position,
+        **counts,
         "draft_share_of_ar_step": draft_ms / step_ms if step_ms and total.drafted else None,
         "draft_ms_per_token": draft_ms,
         "verify_ms_per_round": 1e3 * total.seconds_verify_per_round,

@@ -149,9 +149,9 @@ class SpecStats:
         The numerator is the expected tokens per round if each draft passed independently with
         probability a; the measured mean accepted length shows how far that assumption holds.
         """
-        if not self.rounds:
-            return 0.0
         seconds = self.seconds_draft + self.seconds_verify
+        if not self.rounds or seconds <= 0:  # no rounds, or no phase times (llama.cpp's speculation reports none)
+            return 0.0
         return expected_tokens(self.acceptance_rate, self.gamma_mean) * self.rounds / seconds
 
     @classmethod

@@ -8,6 +8,10 @@ no prompt cache, the generated ids returned. Its tok/s is the server's own `pred
 which counts what ours counts: tokens after the first over the time after the first (the first comes
 from the prefill's logits), so the two rates compare directly.
 
+`llamacpp:bin:eagle3=HEAD.gguf` runs the same server with llama.cpp's EAGLE-3 speculation on a head we
+trained (`prep export-drafter`, then llama.cpp's convert_hf_to_gguf.py): the bench then reports llama.cpp's
+acceptance beside ours, from the counts its replies carry (draft_n, draft_n_accepted).
+
 The binary comes from SPECVOCAB_LLAMACPP_BIN (the llama-server file, or the folder holding it), else
 from PATH; docs/llamacpp-reference.md says how to build it. Like `llamacpp`, it makes no identity
 claim: llama.cpp quantizes activations, so the bench reports how often its tokens equal `ar`'s.
@@ -26,12 +30,13 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from runtime.common.sampling import SamplingParams
-from runtime.common.stats import DecodeStats
+from runtime.common.stats import DecodeStats, SpecStats
 from runtime.kernels import decode_threads
 from runtime.llamacpp.bindings import LlamaCppUnavailable, features_line
 from runtime.loops.decode import TokenStream
@@ -45,6 +50,40 @@ _SYSTEM_INFO = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.llama_p
                 "print(lib.llama_print_system_info().decode(errors='replace'))")
 START_SECONDS = 300  # loading a GGUF on a busy 2-core machine; a server not up by then is refused
 REQUEST_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class Eagle3Draft:
+    """llama-server's EAGLE-3 speculation: `-md HEAD --spec-type draft-eagle3`, the head on the server's threads."""
+
+    head: Path  # the head's GGUF: prep export-drafter's folder converted by llama.cpp's convert_hf_to_gguf.py
+    max_drafts: int | None = None  # --spec-draft-n-max; None: llama.cpp's default
+    min_probability: float | None = None  # --spec-draft-p-min; None: llama.cpp's default
+
+    def arguments(self, threads: int) -> list[str]:
+        """The server's flags for this speculation, or a one-line error where the head's file is missing."""
+        if not self.head.is_file():
+            raise LlamaCppUnavailable(f"llamacpp:bin:eagle3={self.head}: no such file; convert the head with llama.cpp's "
+                                      "convert_hf_to_gguf.py (docs/draft-head.md, Export)")
+        flags = ["-md", str(self.head), "--spec-type", "draft-eagle3", "-td", str(threads), "-tbd", str(threads)]
+        if self.max_drafts is not None:
+            flags += ["--spec-draft-n-max", str(self.max_drafts)]
+        if self.min_probability is not None:
+            flags += ["--spec-draft-p-min", str(self.min_probability)]
+        return flags
+
+
+def _draft_stats(timings: list[dict], decode_tokens: int) -> SpecStats | None:
+    """What llama.cpp's speculation drafted and kept, from its replies' draft_n and draft_n_accepted (None: it
+    drafted nothing, or did not run). llama.cpp reports no phase times and no counts by position: its rounds are
+    the target forwards after the first token, decode_tokens - accepted, and every one is counted as drafting
+    (with p-min 0, llama.cpp's default, every round drafts), so the mean accepted length is tokens per forward."""
+    drafted = sum(t.get("draft_n", 0) for t in timings)
+    if not drafted:
+        return None
+    accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
+    rounds = max(decode_tokens - accepted, 1)
+    return SpecStats(rounds=rounds, drafts=rounds, drafted=drafted, accepted=accepted)
 
 
 def find_server() -> Path:
@@ -95,17 +134,19 @@ class LlamaServerDecoder:
     """
 
     def __init__(self, gguf_path, eos_token_ids: frozenset[int], context: int = 4096, threads: int | None = None,
-                 binary: Path | None = None, parallel: int = 1) -> None:
+                 binary: Path | None = None, parallel: int = 1, eagle3: Eagle3Draft | None = None) -> None:
         if gguf_path is None:
             raise LlamaCppUnavailable("method llamacpp:bin decodes a .gguf file and this model has none (an HF directory)")
         binary = binary or find_server()
         self.threads = threads or decode_threads()
+        speculation = eagle3.arguments(self.threads) if eagle3 is not None else []
         self.eos_token_ids = eos_token_ids
         self.url = f"http://127.0.0.1:{_free_port()}"
         log_dir = tempfile.TemporaryDirectory(prefix="specvocab-llama-server-")
         self.log = Path(log_dir.name) / "server.log"
         command = [str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
                    "-t", str(self.threads), "-tb", str(self.threads), "-c", str(context), "-np", str(parallel), "--no-webui"]
+        command += speculation
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         self._finalizer = weakref.finalize(self, _stop, self.process, log_dir)
@@ -189,6 +230,8 @@ class LlamaServerDecoder:
         timings = [reply["timings"] for reply in replies]
         prefill = timings[0]["prompt_ms"] / 1e3  # the first token's; a guarded run's second prompt counts as decoding
         decode = (sum(t["predicted_ms"] for t in timings) + sum(t["prompt_ms"] for t in timings[1:])) / 1e3
-        stats = DecodeStats(prompt_tokens=prompt.numel(), new_tokens=len(tokens), forwards=len(tokens),
-                            seconds_prefill=prefill, seconds_total=prefill + decode)
+        spec = _draft_stats(timings, max(len(tokens) - 1, 0))
+        stats = DecodeStats(prompt_tokens=prompt.numel(), new_tokens=len(tokens),
+                            forwards=len(tokens) if spec is None else spec.rounds + 1,
+                            seconds_prefill=prefill, seconds_total=prefill + decode, spec=spec)
         return tokens, stats

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from runtime.drafters.arguments import number_text, unit_number
 from runtime.llamacpp.bindings import LlamaCppDecoder
-from runtime.llamacpp.server import LlamaServerDecoder
+from runtime.llamacpp.server import Eagle3Draft, LlamaServerDecoder
 from runtime.methods.arguments import count
 from runtime.methods.registry import MethodEntry, register_method
 from runtime.methods.spec import MethodSpec
@@ -15,21 +17,28 @@ from runtime.session import Session
 LLAMACPP_LOOKUP_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default: what a user gets unasked
 
 
+BIN_OPTIONS = {"eagle3": "a path to the head's GGUF", "n": "an integer in 1..32", "pmin": "a number in [0, 1]"}
+BIN_EXAMPLE = "e.g. llamacpp:bin, llamacpp:bin:eagle3=heads/qwen.gguf or llamacpp:bin:eagle3=heads/qwen.gguf:n=4"
+
+
 @dataclass(frozen=True)
 class LlamacppOptions:
-    """llamacpp | llamacpp:lookup[:K] | llamacpp:bin: llama.cpp's plain decoding through llama-cpp-python,
-    its prompt lookup decoding with K draft tokens per round, or plain decoding by llama.cpp's own
-    llama-server binary."""
+    """llamacpp | llamacpp:lookup[:K] | llamacpp:bin[:eagle3=HEAD[:n=N][:pmin=P]]: llama.cpp's plain decoding
+    through llama-cpp-python, its prompt lookup decoding with K draft tokens per round, or llama.cpp's own
+    llama-server binary: plain decoding, or its EAGLE-3 speculation with the head HEAD.gguf (our exported head,
+    converted by llama.cpp's convert_hf_to_gguf.py), N tokens drafted a round (--spec-draft-n-max) and drafts
+    below probability P cut (--spec-draft-p-min); N and P default to llama.cpp's own defaults."""
 
     lookup: int | None = None  # draft tokens per round of prompt lookup; None: plain decoding
     binary: bool = False  # by the llama-server binary
+    eagle3: Eagle3Draft | None = None  # llama-server's EAGLE-3 speculation (binary only)
 
     @classmethod
     def parse(cls, args: list[str]) -> LlamacppOptions:
         if not args:
             return cls()
-        if args == ["bin"]:
-            return cls(binary=True)
+        if args[0] == "bin":
+            return cls(binary=True, eagle3=_eagle3(args[1:]))
         tokens = count(1, 32)(args[1]) if len(args) == 2 else LLAMACPP_LOOKUP_TOKENS
         if args[0] != "lookup" or len(args) > 2 or tokens is None:
             raise ValueError(f"method 'llamacpp' takes nothing, lookup[:K] (K draft tokens, 1..32) or bin, not "
@@ -38,20 +47,46 @@ class LlamacppOptions:
 
     def format(self) -> tuple[str, ...]:
         if self.binary:
-            return ("bin",)
+            draft = self.eagle3
+            return ("bin",) + (() if draft is None else (
+                (f"eagle3={draft.head}",) + ((f"n={draft.max_drafts}",) if draft.max_drafts is not None else ())
+                + ((f"pmin={number_text(draft.min_probability)}",) if draft.min_probability is not None else ())))
         return () if self.lookup is None else ("lookup", str(self.lookup))
 
     def build(self, session: Session, spec: MethodSpec) -> Streamer:
         """With this process's thread count."""
         if self.binary:
-            return LlamaServerDecoder(session.model.gguf_path, session.target.eos_token_ids)
+            return LlamaServerDecoder(session.model.gguf_path, session.target.eos_token_ids, eagle3=self.eagle3)
         return LlamaCppDecoder(session.model.gguf_path, session.target.eos_token_ids, lookup_tokens=self.lookup)
+
+
+def _eagle3(args: list[str]) -> Eagle3Draft | None:
+    """llamacpp:bin's options (eagle3=HEAD, n=N, pmin=P, each at most once), or a one-line error naming the fix."""
+    given: dict[str, str] = {}
+    for part in args:
+        key, eq, value = part.partition("=")
+        if not eq or key not in BIN_OPTIONS or key in given:
+            raise ValueError(f"llamacpp:bin takes eagle3=HEAD.gguf, n=N and pmin=P, each at most once, not "
+                             f"{part!r}; {BIN_EXAMPLE}")
+        given[key] = value
+    if not given:
+        return None
+    if "eagle3" not in given:
+        raise ValueError(f"llamacpp:bin's n and pmin set llama.cpp's EAGLE-3 drafting; name its head with eagle3=HEAD.gguf, "
+                         f"{BIN_EXAMPLE}")
+    drafts = count(1, 32)(given["n"]) if "n" in given else None
+    probability = unit_number(given["pmin"]) if "pmin" in given else None
+    for key, value in (("eagle3", given["eagle3"] or None), ("n", drafts), ("pmin", probability)):
+        if key in given and value is None:
+            raise ValueError(f"llamacpp:bin's {key} takes {BIN_OPTIONS[key]}, not {given[key]!r}; {BIN_EXAMPLE}")
+    return Eagle3Draft(Path(given["eagle3"]), drafts, probability)
 
 
 # llama.cpp quantizes activations: its text is the model's only up to rounding, so it makes no identity claim.
 register_method(MethodEntry(
     "llamacpp", LlamacppOptions,
-    "llamacpp[:lookup[:K]|:bin] (llama.cpp's plain decoding of the same GGUF: the reference users compare with; lookup: "
+    "llamacpp[:lookup[:K]|:bin[:eagle3=HEAD.gguf[:n=N][:pmin=P]]] (llama.cpp's plain decoding of the same GGUF: the reference users compare with; lookup: "
     f"llama-cpp-python's prompt lookup decoding, K draft tokens (default {LLAMACPP_LOOKUP_TOKENS}); both need the "
-    "llamacpp extra; bin: llama.cpp's own llama-server binary, from SPECVOCAB_LLAMACPP_BIN or PATH)",
+    "llamacpp extra; bin: llama.cpp's own llama-server binary, from SPECVOCAB_LLAMACPP_BIN or PATH; bin:eagle3=HEAD.gguf"
+    "[:n=N][:pmin=P]: that binary's EAGLE-3 speculation with a converted head, N drafts a round, cut below P)",
     distribution_preserving=False))
