@@ -313,7 +313,7 @@ class Engine:
         keep_session: each method keeps its drafter's session across the prompts instead (lookup then also
         drafts from the earlier prompts' outputs, as it does over one Engine's generate calls)."""
         from runtime.bench.energy import EnergyMeter
-        from runtime.bench.perplexity import perplexity
+        from runtime.bench.perplexity import perplexities
         from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
         from runtime.kernels import decode_threads, kernel_name, thread_stats
@@ -341,8 +341,10 @@ class Engine:
             results = run_bench(built, ids, max_new_tokens, sampling, seed, min_new_tokens=guard, meter=meter,
                                 fresh=None if keep_session else self._fresh)
             rss = peak_rss_mib()  # the methods' runs, not the perplexity forwards below
-            for result in results:  # after every timed run: one teacher-forced target forward per prompt
-                result.perplexity = perplexity(self.session.target, self.session.full_head(), ids, result.outputs)
+            # after every timed run: one teacher-forced target forward per prompt and distinct output
+            scores = perplexities(self.session.target, self.session.full_head(), ids, [r.outputs for r in results])
+            for result, score in zip(results, scores):
+                result.perplexity = score
         return {
             "setup": {
                 "model": self.session.model.info.name, "n": len(ids), "max_new_tokens": max_new_tokens,

@@ -15,7 +15,7 @@ from factories import tiny_engine
 from runtime import api
 from runtime.bench import energy
 from runtime.bench.energy import EnergyMeter
-from runtime.bench.perplexity import output_nll, perplexity
+from runtime.bench.perplexity import output_nll, perplexities
 from runtime.bench.report import markdown_table
 from runtime.bench.runner import run_bench, summarize
 from runtime.heads import FullHead
@@ -61,7 +61,8 @@ def test_perplexity_by_hand_on_a_crafted_two_token_model():
     prompts, outputs = [torch.tensor([0]), torch.tensor([1])], [[1, 0], [1]]
     # prompt [0] -> 1 (3/4) -> 0 (1/2); prompt [1] -> 1 (1/2): three tokens, token-weighted mean.
     expected = math.exp(-(math.log(3 / 4) + math.log(1 / 2) + math.log(1 / 2)) / 3)
-    assert perplexity(target, FullHead(weight), prompts, outputs) == pytest.approx(expected, rel=1e-6)  # fp32 logits
+    (score,) = perplexities(target, FullHead(weight), prompts, [outputs])
+    assert score == pytest.approx(expected, rel=1e-6)  # fp32 logits
     assert expected == pytest.approx((3 / 16) ** (-1 / 3))
     # One forward per prompt over prompt + output, each on a fresh cache.
     assert target.calls == [([0, 1, 0], 0), ([1, 1], 0)]
@@ -70,8 +71,18 @@ def test_perplexity_by_hand_on_a_crafted_two_token_model():
 
 def test_perplexity_of_no_tokens_is_none_and_costs_no_forward():
     target = OneHotTarget(2)
-    assert perplexity(target, FullHead(torch.zeros(2, 2)), [torch.tensor([0])], [[]]) is None
+    assert perplexities(target, FullHead(torch.zeros(2, 2)), [torch.tensor([0])], [[]]) == [None]
     assert target.calls == []
+
+
+def test_an_output_several_methods_gave_is_scored_once():
+    weight = torch.tensor([[0.0, 0.0], [math.log(3), 0.0]])  # [V, d]
+    target = OneHotTarget(2)
+    prompts = [torch.tensor([0]), torch.tensor([1])]
+    same, other = [[1, 0], [1]], [[0, 1], [1]]  # the second method differs on the first prompt only
+    first, second, third = perplexities(target, FullHead(weight), prompts, [same, other, same])
+    assert first == third and first != second
+    assert target.calls == [([0, 1, 0], 0), ([1, 1], 0), ([0, 0, 1], 0)]  # three distinct (prompt, output) pairs
 
 
 def test_perplexity_scores_rows_in_chunks_the_same_as_one_by_one(engine):

@@ -5,15 +5,18 @@ over all prompts of a method (token-weighted: long outputs weigh more), under th
 distribution (temperature 1, no top-k / top-p, no EOS guard), whatever sampling the method decoded
 with. The forward is the session's target backend over prompt + output in one call and the logits
 come from the full head in chunks of SKINNY_MAX_ROWS rows, so two methods that produced the same
-tokens get the same bits: for exact greedy methods the figure equals ar's exactly.
+tokens get the same bits: for exact greedy methods the figure equals ar's exactly. A bench therefore
+scores each distinct (prompt, output) once, whichever methods produced it (`perplexities`).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import torch
+from tqdm import tqdm
 
 from runtime.kernels import SKINNY_MAX_ROWS
 
@@ -35,10 +38,18 @@ def output_nll(target, head, prompt: torch.Tensor, output: Sequence[int]) -> flo
     return nll
 
 
-def perplexity(target, head, prompts: Sequence[torch.Tensor], outputs: Sequence[Sequence[int]]) -> float | None:
-    """exp of the mean NLL per output token over all prompts (None when there is no output token)."""
-    count = sum(len(output) for output in outputs)
-    if not count:
-        return None
-    total = sum(output_nll(target, head, prompt, output) for prompt, output in zip(prompts, outputs))
-    return math.exp(total / count)
+def perplexities(target, head, prompts: Sequence[torch.Tensor],
+                 outputs_by_method: Sequence[Sequence[Sequence[int]]]) -> list[float | None]:
+    """Per method, exp of the mean NLL per output token over all prompts (None when it has no output token),
+    with a progress bar. An output several methods gave for the same prompt is scored once: its NLL has the
+    same bits whoever produced it."""
+    keys = [[(i, tuple(output)) for i, output in enumerate(outputs)] for outputs in outputs_by_method]
+    distinct = list(dict.fromkeys(key for method in keys for key in method if key[1]))
+    nll = {}
+    for i, output in tqdm(distinct, desc="perplexity", unit="forward", file=sys.stderr):
+        nll[i, output] = output_nll(target, head, prompts[i], output)
+    scores = []
+    for method in keys:
+        count = sum(len(output) for _, output in method)
+        scores.append(math.exp(sum(nll[key] for key in method if key[1]) / count) if count else None)
+    return scores
