@@ -54,7 +54,7 @@ def test_llamacpp_bin_eagle3_names_the_head_and_llama_cpps_own_draft_options():
     assert canonical(parse_method("llamacpp:bin:eagle3=h.gguf")) == "llamacpp:bin:eagle3=h.gguf"  # llama.cpp's defaults
     for bad, message in (("llamacpp:bin:2", "takes eagle3=HEAD.gguf, n=N and pmin=P, each at most once, not '2'"),
                          ("llamacpp:bin:draft=h.gguf", "takes eagle3=HEAD.gguf, n=N and pmin=P"),
-                         ("llamacpp:bin:eagle3=a.gguf:eagle3=b.gguf", "each at most once"),
+                         ("llamacpp:bin:eagle3=a.gguf:eagle3=b.gguf", "eagle3 is given twice; give each option once"),
                          ("llamacpp:bin:n=4", "name its head with eagle3=HEAD.gguf"),
                          ("llamacpp:bin:eagle3=", "eagle3 takes a path to the head's GGUF, not ''"),
                          ("llamacpp:bin:eagle3=h.gguf:n=0", "n takes an integer in 1..32, not '0'"),

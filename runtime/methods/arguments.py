@@ -43,8 +43,16 @@ def own_options(name: str, args: list[str], allowed: dict[str, Callable[[str], o
     rest, loop = loop_options(args)
     if set(loop) - {"gamma"}:
         raise ValueError(f"{name} takes gamma=G (the draft depth), not adaptive or no-verifier; e.g. {example}")
-    own, drafter = {}, []
-    for part in rest:
+    drafter, own = key_values(name, rest, allowed, example)
+    return drafter, loop, own
+
+
+def key_values(name: str, args: list[str], allowed: dict[str, Callable[[str], object]],
+               example: str) -> tuple[list[str], dict]:
+    """Split arguments into the rest and a method's own KEY=VALUE options, each parsed by allowed[KEY] (whose
+    docstring names what it takes; None: refused) and given at most once."""
+    own, rest = {}, []
+    for part in args:
         key, eq, value = part.partition("=")
         if eq and key in allowed:
             if key in own:
@@ -56,8 +64,8 @@ def own_options(name: str, args: list[str], allowed: dict[str, Callable[[str], o
             if own[key] is None:
                 raise ValueError(f"{name}'s {key} takes {allowed[key].__doc__}, not {value!r}; e.g. {example}")
         else:
-            drafter.append(part)
-    return drafter, loop, own
+            rest.append(part)
+    return rest, own
 
 
 def count(low: int, high: int) -> Callable[[str], int | None]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from runtime.drafters.arguments import number_text, unit_number
 from runtime.llamacpp.bindings import LlamaCppDecoder
 from runtime.llamacpp.server import Eagle3Draft, LlamaServerDecoder
-from runtime.methods.arguments import count
+from runtime.methods.arguments import count, key_values
 from runtime.methods.registry import MethodEntry, register_method
 from runtime.methods.spec import MethodSpec
 from runtime.methods.streamer import Streamer
@@ -17,8 +17,17 @@ from runtime.session import Session
 LLAMACPP_LOOKUP_TOKENS = 10  # llama-cpp-python's LlamaPromptLookupDecoding default: what a user gets unasked
 
 
-BIN_OPTIONS = {"eagle3": "a path to the head's GGUF", "n": "an integer in 1..32", "pmin": "a number in [0, 1]"}
-BIN_EXAMPLE = "e.g. llamacpp:bin, llamacpp:bin:eagle3=heads/qwen.gguf or llamacpp:bin:eagle3=heads/qwen.gguf:n=4"
+BIN_EXAMPLE = "llamacpp:bin, llamacpp:bin:eagle3=heads/qwen.gguf or llamacpp:bin:eagle3=heads/qwen.gguf:n=4"
+
+
+def _head_path(value: str) -> Path | None:
+    """a path to the head's GGUF"""
+    return Path(value) if value else None
+
+
+def _probability(value: str) -> float | None:
+    """a number in [0, 1]"""
+    return unit_number(value)
 
 
 @dataclass(frozen=True)
@@ -46,12 +55,16 @@ class LlamacppOptions:
         return cls(lookup=tokens)
 
     def format(self) -> tuple[str, ...]:
-        if self.binary:
-            draft = self.eagle3
-            return ("bin",) + (() if draft is None else (
-                (f"eagle3={draft.head}",) + ((f"n={draft.max_drafts}",) if draft.max_drafts is not None else ())
-                + ((f"pmin={number_text(draft.min_probability)}",) if draft.min_probability is not None else ())))
-        return () if self.lookup is None else ("lookup", str(self.lookup))
+        if not self.binary:
+            return () if self.lookup is None else ("lookup", str(self.lookup))
+        draft, words = self.eagle3, ["bin"]
+        if draft is not None:
+            words.append(f"eagle3={draft.head}")
+            if draft.max_drafts is not None:
+                words.append(f"n={draft.max_drafts}")
+            if draft.min_probability is not None:
+                words.append(f"pmin={number_text(draft.min_probability)}")
+        return tuple(words)
 
     def build(self, session: Session, spec: MethodSpec) -> Streamer:
         """With this process's thread count."""
@@ -62,24 +75,17 @@ class LlamacppOptions:
 
 def _eagle3(args: list[str]) -> Eagle3Draft | None:
     """llamacpp:bin's options (eagle3=HEAD, n=N, pmin=P, each at most once), or a one-line error naming the fix."""
-    given: dict[str, str] = {}
-    for part in args:
-        key, eq, value = part.partition("=")
-        if not eq or key not in BIN_OPTIONS or key in given:
-            raise ValueError(f"llamacpp:bin takes eagle3=HEAD.gguf, n=N and pmin=P, each at most once, not "
-                             f"{part!r}; {BIN_EXAMPLE}")
-        given[key] = value
+    rest, given = key_values("llamacpp:bin", args, {"eagle3": _head_path, "n": count(1, 32), "pmin": _probability},
+                             BIN_EXAMPLE)
+    if rest:
+        raise ValueError(f"llamacpp:bin takes eagle3=HEAD.gguf, n=N and pmin=P, each at most once, not "
+                         f"{rest[0]!r}; e.g. {BIN_EXAMPLE}")
     if not given:
         return None
     if "eagle3" not in given:
         raise ValueError(f"llamacpp:bin's n and pmin set llama.cpp's EAGLE-3 drafting; name its head with eagle3=HEAD.gguf, "
-                         f"{BIN_EXAMPLE}")
-    drafts = count(1, 32)(given["n"]) if "n" in given else None
-    probability = unit_number(given["pmin"]) if "pmin" in given else None
-    for key, value in (("eagle3", given["eagle3"] or None), ("n", drafts), ("pmin", probability)):
-        if key in given and value is None:
-            raise ValueError(f"llamacpp:bin's {key} takes {BIN_OPTIONS[key]}, not {given[key]!r}; {BIN_EXAMPLE}")
-    return Eagle3Draft(Path(given["eagle3"]), drafts, probability)
+                         f"e.g. {BIN_EXAMPLE}")
+    return Eagle3Draft(given["eagle3"], given.get("n"), given.get("pmin"))
 
 
 # llama.cpp quantizes activations: its text is the model's only up to rounding, so it makes no identity claim.
