@@ -16,7 +16,7 @@ from runtime.drafters import LayerDrafter, LookupDrafter, NgramDrafter
 from runtime.methods import parse_method
 from runtime.heads import CertifiedHead, FullHead, ScreenBound
 from runtime.drafters.base import Proposal
-from runtime.loops.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, draft_lengths,
+from runtime.loops.speculative import (BUDGET_PROBE_EVERY, DEFAULT_GAMMA, MAX_GAMMA, DraftBudget, first_gamma,
                                   generate_speculative, next_gamma)
 from runtime.backends.hf import TransformersTarget
 from runtime.backends.lean import lean_target
@@ -342,25 +342,21 @@ def test_adaptive_gamma_steps_and_bounds():
     assert next_gamma(8, Verdict(8, 8, [0] * 9)) == 8
     assert next_gamma(1, Verdict(1, 0, [0])) == 1
     assert next_gamma(3, Verdict(0, 0, [0])) == 3  # nothing drafted: nothing learned
-    assert next_gamma(2, Verdict(2, 2, [0] * 3), ceiling=2) == 2
 
 
-def test_a_named_gamma_is_kept_and_the_default_follows_what_the_verifier_pays_for():
-    def target(paying):
-        return SimpleNamespace(paying_drafts=paying)
-
-    assert draft_lengths(None, target(None)) == (DEFAULT_GAMMA, MAX_GAMMA)
-    assert draft_lengths(None, target(1)) == (1, 1)
-    assert draft_lengths(None, target(6)) == (DEFAULT_GAMMA, 6)
-    assert draft_lengths(None, target(20)) == (DEFAULT_GAMMA, MAX_GAMMA)
-    assert draft_lengths(6, target(1)) == (6, MAX_GAMMA)  # the method named it: the verifier's limit does not apply
+def test_a_named_gamma_is_kept_and_the_default_is_default_gamma():
+    assert first_gamma(None) == DEFAULT_GAMMA
+    assert first_gamma(1) == 1
+    assert first_gamma(MAX_GAMMA) == MAX_GAMMA
     with pytest.raises(ValueError, match="1..8"):
-        draft_lengths(9, target(None))
+        first_gamma(9)
 
 
-def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch: pytest.MonkeyPatch):
-    """On the AVX2 path a spec method without gamma=G drafts at most one token per round, adaptive or
-    not; a named gamma and the other paths draft longer. Outputs stay generate_ar's."""
+def test_every_kernel_path_drafts_past_one_token_without_a_named_gamma(tiny_model, monkeypatch: pytest.MonkeyPatch):
+    """No kernel path caps the default draft length (AVX2's one-draft cap measured slower on the AMD EPYC
+    Zen 3 and the Xeon with AMX once AVX2 verified 4-6 rows in one pass): a spec method without gamma=G
+    drafts several tokens a round where the drafter finds them, on AVX2 as on AVX-512. Outputs stay
+    generate_ar's."""
     import runtime.kernels as kernels
 
     target = lean_target(tiny_model, set())
@@ -368,25 +364,12 @@ def test_the_avx2_kernels_default_to_one_draft_per_round(tiny_model, monkeypatch
     prompt = torch.tensor(PROMPTS["repetitive"])  # the n-gram drafter always finds a match here
     reference = generate_ar(target, head, prompt, NEW_TOKENS)[0]
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
-    for path, gamma, adaptive, capped in [("avx2", None, False, True), ("avx2", None, True, True), ("avx2", 3, False, False),
-                                          ("avx512", None, False, False)]:
+    for path in ("avx2", "avx512"):
         monkeypatch.setattr(kernels, "kernel_name", lambda path=path: path)
-        assert target.paying_drafts == kernels.PAYING_DRAFTS.get(path)
-        tokens, stats = generate_speculative(target, head, NgramDrafter(), prompt, NEW_TOKENS, gamma=gamma, adaptive=adaptive)
-        assert tokens == reference
-        longest = len(stats.spec.drafted_per_position)  # the most tokens any round drafted
-        assert (longest == 1) if capped else (longest > 1), (path, gamma, adaptive, longest)
-
-
-def test_a_cpu_whose_avx2_rows_cost_less_drafts_as_avx512_does(monkeypatch: pytest.MonkeyPatch):
-    """The AVX2 path's one-draft limit is lifted where the CPU reports amx_tile (the Xeon with AMX, measured)."""
-    import runtime.kernels as kernels
-
-    monkeypatch.setattr(kernels, "kernel_name", lambda: "avx2")
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "amx_tile"}))
-    assert kernels.paying_drafts() is None
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f"}))
-    assert kernels.paying_drafts() == 1
+        for adaptive in (False, True):
+            tokens, stats = generate_speculative(target, head, NgramDrafter(), prompt, NEW_TOKENS, adaptive=adaptive)
+            assert tokens == reference
+            assert len(stats.spec.drafted_per_position) > 1, (path, adaptive)  # some round drafted two or more
 
 
 # --- draft budget ---------------------------------------------------------------------------

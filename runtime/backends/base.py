@@ -101,7 +101,6 @@ class TargetModel(Protocol):
     head_weight: object  # [V, d]: a float32 tensor or a runtime.kernels QuantMatrix
     head_bias: torch.Tensor | None  # [V]
     eos_token_ids: frozenset[int]
-    paying_drafts: int | None  # the most drafts per verify round worth their rows (None: no limit of its own)
 
     def new_cache(self): ...
 

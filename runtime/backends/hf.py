@@ -58,7 +58,6 @@ class TransformersTarget:
     """Backend over a transformers causal LM (float32 on CPU; bf16/fp16 on a GPU)."""
 
     name = "transformers"
-    paying_drafts = None  # torch's own kernels: no limit of ours
 
     def __init__(self, model: torch.nn.Module, eos_token_ids: set[int] | frozenset[int], body: torch.nn.Module | None = None) -> None:
         self.model = model.eval()

@@ -6,7 +6,7 @@ import torch
 
 from runtime.backends.base import KVCache
 from runtime.backends.decoder import Decoder
-from runtime.kernels import paying_drafts, take_rows
+from runtime.kernels import take_rows
 
 
 class DecoderTarget:
@@ -36,11 +36,6 @@ class DecoderTarget:
     @property
     def num_layers(self) -> int:
         return len(self.decoder.layers)
-
-    @property
-    def paying_drafts(self) -> int | None:
-        """The most drafts per verify round worth their rows on the kernel path this ladder runs on."""
-        return paying_drafts()
 
     @property
     def layers(self):

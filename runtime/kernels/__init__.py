@@ -19,18 +19,6 @@ from runtime.kernels.screen4_panels import Screen4Panels, pack_screen4, unpack_i
 
 SKINNY_MAX_ROWS = 16  # beyond this many rows, the kernel decodes weight tiles once for all rows (bindings.h: run_tall)
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
-# The most drafts per verify round worth their rows on a kernel path, where that is fewer than the
-# methods' default (runtime.loops.speculative.DEFAULT_GAMMA). AVX2 screens the head with 256-bit
-# multiply-adds and decodes a weight row's blocks with twice the operations AVX-512 needs, so each extra
-# row costs a large share of a one-row verify; one draft per round measured best (docs/results/xeon-no-amx-avx2.md
-# has the per-row costs and the bench). Measured before AVX2 covered 4-6 rows in one pass over the
-# weights (gemm.h's lane parts; a fourth row had cost a second pass): not measured again there since.
-PAYING_DRAFTS = {"avx2": 1}
-# (path, /proc/cpuinfo flag): CPUs on which that path's limit above does not hold, measured. The Intel Xeon
-# with AMX (amx_tile) runs the AVX2 path's verify rows cheaply enough for four drafts a round: a round of
-# ~3.8 rows cost 1.53x a one-row step on gemma3-270m, against 2.0x on the Xeon without AMX, and four
-# drafts beat one by 9-17 % on gemma3-270m (docs/results/xeon-amx-avx2.md).
-PAYING_DRAFTS_LIFTED = {("avx2", "amx_tile")}
 # The kernel paths whose 4-bit screen beats the int8 one, so the default method verifies through it. The AVX2
 # kernel is bound by its byte dots (two vpmaddubsw per 4 weights and hidden row, on 256 bits), not by the
 # bytes it saves: gemma3-270m spec:lookup+csv:screen4 ran at 0.82x spec:lookup+csv there (docs/certified-head.md).
@@ -40,15 +28,6 @@ SCREEN4_DEFAULT_PATHS = ("avx512vbmi", "avx512")
 def kernel_name() -> str:
     """The kernel path in use: 'avx512vbmi', 'avx512', 'avx2', 'portable' (compiled, bit-identical) or 'torch'."""
     return active()[0]
-
-
-def paying_drafts() -> int | None:
-    """The most drafts per verify round worth their rows on the kernel path in use and this CPU (None: no
-    limit of its own)."""
-    path, flags = kernel_name(), cpu_flags()
-    if any(path == lifted and flag in flags for lifted, flag in PAYING_DRAFTS_LIFTED):
-        return None
-    return PAYING_DRAFTS.get(path)
 
 
 def set_kernel_threads(threads: int, adaptive: bool) -> None:

@@ -22,7 +22,7 @@ from runtime.backends.base import TargetModel
 from runtime.loops.verify import verify_exact, verify_greedy
 
 MAX_GAMMA = 8  # gamma=G, the adaptive draft length and the draft budget stay in 1..MAX_GAMMA (the grammar checks it too)
-DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma, unless the verifier pays for fewer
+DEFAULT_GAMMA = 4  # drafts per round when the method names no gamma (within the DraftBudget)
 # What one more verify row costs, as a share of a one-row round, T_V(n + 1) / T_V(1) - T_V(n) / T_V(1):
 # a middle value of what `runtime bench-verify` measures on the packaged models (docs/results/).
 VERIFY_ROW_COST = 0.15
@@ -68,16 +68,13 @@ def drop_banned(proposal: Proposal, ban: TokenBan, start: int) -> Proposal:
     return Proposal(proposal.tokens[: hits[0]]) if hits else proposal
 
 
-def draft_lengths(gamma: int | None, target: TargetModel) -> tuple[int, int]:
-    """(first draft length, most drafts per round): a gamma the method names, adapting within
-    1..MAX_GAMMA; without one, DEFAULT_GAMMA and MAX_GAMMA cut to what the target's verifier pays
-    for (TargetModel.paying_drafts)."""
-    if gamma is not None:
-        if not 1 <= gamma <= MAX_GAMMA:
-            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
-        return gamma, MAX_GAMMA
-    ceiling = min(target.paying_drafts or MAX_GAMMA, MAX_GAMMA)
-    return min(DEFAULT_GAMMA, ceiling), ceiling
+def first_gamma(gamma: int | None) -> int:
+    """The first round's draft length: the gamma the method names (checked to lie in 1..MAX_GAMMA), else DEFAULT_GAMMA."""
+    if gamma is None:
+        return DEFAULT_GAMMA
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+    return gamma
 
 
 class DraftBudget:
@@ -115,11 +112,11 @@ class DraftBudget:
             self.passed[i] += BUDGET_WEIGHT * (float(i < verdict.accepted) - self.passed[i])
 
 
-def next_gamma(gamma: int, verdict: Verdict, ceiling: int = MAX_GAMMA) -> int:
-    """Adaptive draft length: one more after a fully accepted draft (at most `ceiling`), one fewer after a rejection."""
+def next_gamma(gamma: int, verdict: Verdict) -> int:
+    """Adaptive draft length: one more after a fully accepted draft (at most MAX_GAMMA), one fewer after a rejection."""
     if verdict.drafted == 0:
         return gamma
-    return min(gamma + 1, ceiling) if verdict.bonus else max(gamma - 1, 1)
+    return min(gamma + 1, MAX_GAMMA) if verdict.bonus else max(gamma - 1, 1)
 
 
 def generate_speculative(*args, **kwargs) -> tuple[list[int], DecodeStats]:
@@ -142,8 +139,7 @@ def stream_speculative(
     budget: DraftBudget | None = None,
 ) -> TokenStream:
     """Speculative decoding with `drafter` proposing up to `gamma` tokens per target forward (None:
-    the target's default, draft_lengths, within `budget`: a DraftBudget that learns across the calls
-    given it, else a new one).
+    DEFAULT_GAMMA within `budget`, a DraftBudget that learns across the calls given it, else a new one).
 
     prompt: [P] token ids. A token stream (runtime.loops.decode): the new tokens (EOS included if
     produced), then the stats. The
@@ -157,7 +153,7 @@ def stream_speculative(
         budget = None
     elif budget is None:
         budget = DraftBudget()
-    gamma, ceiling = draft_lengths(gamma, target)
+    gamma = first_gamma(gamma)
 
     def begin(cache, ban: TokenBan, spec: SpecStats) -> Round:
         drafter.reset(prompt.tolist(), params, generator, ban)
@@ -180,7 +176,7 @@ def stream_speculative(
             if budget is not None:
                 budget.record(verdict)
             if adaptive:
-                gamma = next_gamma(gamma, verdict, ceiling)
+                gamma = next_gamma(gamma, verdict)
             return verdict
 
         return one_round

@@ -14,9 +14,8 @@ Grammar (what `runtime generate --method`, `runtime bench --methods` and `runtim
                                                      continuations), depth G, N nodes
     mjsd:DRAFTER[:beam=M][:tau=T][:gamma=G]          MJSD beam drafts (NOT distribution-preserving)
 
-DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Without gamma=G, spec drafts 4 tokens
-per round (adapting within 1..8), or fewer where the verifier pays for fewer: 1 on the AVX2 kernels
-(runtime.kernels.PAYING_DRAFTS; not on a CPU in PAYING_DRAFTS_LIFTED), and only the positions whose recent drafts were accepted often
+DRAFTER is any registered drafter (runtime.drafters.DRAFTERS). Without gamma=G, spec drafts up to 4
+tokens per round (adapting within 1..8), only the positions whose recent drafts were accepted often
 enough to pay for their verify rows (runtime.loops.speculative.DraftBudget); with gamma=G every round
 drafts what the drafter finds, up to G. Trees and MJSD go 4 deep. A method is one module of
 runtime.methods: its options dataclass (parse, format, build) and one `register_method` call.
