@@ -5,7 +5,6 @@ EOS min-response guard.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
