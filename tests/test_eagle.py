@@ -23,6 +23,7 @@ from runtime.backends.rows import Rows
 from runtime.common.sampling import SamplingParams
 from runtime.drafters.eagle import EagleDrafter, KernelHead, KernelWeights, head_from_stage, q8_0
 from runtime.drafters.eagle_head import EagleConfig, EagleHead, feature_layers
+from runtime.drafters.lookup import LookupDrafter
 from runtime.heads import FullHead
 from runtime.kernels import dequantize
 from runtime.loops.decode import generate_ar
@@ -150,7 +151,7 @@ def test_the_compiled_layer_gives_the_bits_of_its_ops_one_at_a_time(trained):
 # The tiny head is near uniform over its 48 rows (top-1 ~0.029): conf=0.025 drafts one token a round.
 @pytest.mark.parametrize("method", ["spec:eagle", "spec:eagle:gamma=3", "spec:eagle:frspec=16+csv", "spec:eagle:adaptive",
                                     "spec:eagle:lookup:gamma=4", "spec:eagle:frspec=24:lookup+csv", "spec:eagle:conf=0.025",
-                                    "spec:eagle:conf=0.025:lookup"])
+                                    "spec:eagle:conf=0.025:lookup", "spec:eagle:head=1:lookup+csv"])
 def test_eagle_greedy_equals_plain_decoding(trained, method):
     assert_greedy_identity(trained[0], method, random.Random(1), prompts=4, tokens=40)
 
@@ -267,6 +268,28 @@ def test_a_confident_chain_stops_where_its_path_score_falls_below_conf(trained):
     assert len(full) == 6 and scores[0] > scores[1] > scores[3] > 0
     for kept, confidence in [(1, (scores[0] + scores[1]) / 2), (3, (scores[2] + scores[3]) / 2), (0, 1.0)]:
         assert chain(confidence)[0] == full[:kept]
+
+
+def test_head_h_cuts_the_heads_chain_but_not_lookups_match(trained):
+    """eagle:head=H: where lookup finds no match the head drafts at most H tokens (the first H of its
+    uncut chain); where it finds one, the match keeps the round's full length."""
+    session, _, _ = trained
+    weights = KernelWeights.of(q8_module(session.artifact))
+
+    def propose(context: list[int], head_drafts: int | None, lookup: bool) -> list[int]:
+        drafter = EagleDrafter(session.target, weights, LookupDrafter() if lookup else None, head_drafts=head_drafts)
+        cache = session.target.new_cache()
+        drafter.follow(cache)
+        drafter.reset(context, SamplingParams(), None)
+        session.target.forward(torch.tensor(context[:-1]), cache)
+        return drafter.propose(context, 5).tokens.tolist()
+
+    fresh = [2] + [random.Random(9).randrange(2, 40) for _ in range(14)]
+    full = propose(fresh, None, lookup=False)
+    assert len(full) == 5 and propose(fresh, 2, lookup=False) == full[:2]
+    repeating = [2] + [5, 6, 7, 8, 9, 10, 11] * 3 + [5, 6]  # lookup continues 7, 8, 9, ...
+    matched = propose(repeating, None, lookup=True)
+    assert matched[:3] == [7, 8, 9] and propose(repeating, 1, lookup=True) == matched
 
 
 def test_a_head_from_another_artifact_of_the_model_drafts_exactly(trained, tmp_path):
@@ -464,7 +487,8 @@ def test_an_eagle_tree_is_eagle2s_best_scored_nodes_and_k1_is_the_chain(trained)
 
 
 def test_swarm_eagle_refuses_lookup_and_conf_in_one_line(trained):
-    for method, word in [("swarm:eagle:lookup:2", "drop lookup"), ("swarm:eagle:conf=0.4:2", "drop conf=P")]:
+    for method, word in [("swarm:eagle:lookup:2", "drop lookup"), ("swarm:eagle:conf=0.4:2", "drop conf=P"),
+                         ("swarm:eagle:head=1:2", "drop head=H")]:
         with pytest.raises(ValueError, match=word):
             build_method(trained[0], method)
 
@@ -524,7 +548,8 @@ def test_routed_eagle_refuses_a_missing_stale_or_too_small_router_in_one_line(ro
                                        ("eagle:tree", "frspec=N"), ("eagle:frspec=4:frspec=8", "at most once"),
                                        ("eagle:conf=-0.1", "0 <= P <= 1"), ("eagle:conf=1.5", "conf=P"),
                                        ("eagle:conf=high", "conf=P"), ("eagle:conf=0.2:conf=0.3", "at most once"),
-                                       ("eagle:from=", "from=ART"), ("eagle:from=a:from=b", "at most once")])
+                                       ("eagle:from=", "from=ART"), ("eagle:from=a:from=b", "at most once"),
+                                       ("eagle:head=0", "head=H"), ("eagle:head=1:head=2", "at most once")])
 def test_eagle_arguments_are_refused_in_one_line(text, fix):
     from runtime.drafters import parse_drafter
 
@@ -543,3 +568,5 @@ def test_eagle_arguments_have_one_spelling():
     assert parse_drafter("eagle:conf=0") == parse_drafter("eagle") and str(parse_drafter("eagle:conf=0.0")) == "eagle"
     assert str(parse_drafter("eagle:lookup:conf=0.40:from=art/q3")) == "eagle:from=art/q3:conf=0.4:lookup"
     assert parse_drafter("eagle:from=art/q3").options == EagleOptions(source="art/q3")
+    assert str(parse_drafter("eagle:lookup:head=01:conf=0.4")) == "eagle:conf=0.4:head=1:lookup"
+    assert parse_drafter("eagle:head=2").options == EagleOptions(head_drafts=2)

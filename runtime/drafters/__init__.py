@@ -42,10 +42,11 @@ register_drafter(DrafterEntry("frspec", FrspecOptions, "frspec:layers:N|int8:TOK
 register_drafter(DrafterEntry("onedecode", OnedecodeOptions, ONEDECODE_HELP, head="none"))
 register_drafter(DrafterEntry(
     "eagle", EagleOptions,
-    "eagle[:from=ART][:frspec=N|dynaspec=K][:conf=P][:lookup] (the trained EAGLE-3 head of stage drafter, on the "
+    "eagle[:from=ART][:frspec=N|dynaspec=K][:conf=P][:head=H][:lookup] (the trained EAGLE-3 head of stage drafter, on the "
     "target's own features; from=ART: the head of another artifact of the model; frspec=N: its N most chosen rows; "
     "dynaspec=K: the rows of the router's top K clusters (stage drafter_router); conf=P: end a chain where the head's "
-    "confidence falls below P, 0.4 measured best; lookup: prompt lookup first)", head="none"))
+    "confidence falls below P, 0.4 measured best; head=H: the head drafts at most H a round; lookup: prompt lookup "
+    "first, its matches at full length)", head="none"))
 
 
 __all__ = [

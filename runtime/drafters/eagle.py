@@ -19,7 +19,9 @@ path score), falls below P: a draft the head doubts costs a verify row and a hea
 buys nothing. The cut reads only the head's own state, so exact sampling stays exact. Without it
 every position is drafted (conf=0), the meaning `spec:eagle` has in the bench records. conf=0.4 is
 the value to use: on gemma3-270m's head it turned 0.95x / 0.92x `ar` (HumanEval / ShareGPT) into
-1.15x / 1.15x, with 0.2-0.6 within 6 % of it (docs/draft-head.md).
+1.15x / 1.15x, with 0.2-0.6 within 6 % of it (docs/draft-head.md). `head=H` caps the head's own chain
+at H tokens a round while lookup's matches keep the round's length: on the AVX2 kernels a head draft
+beyond the first cost more than it brought on qwen2.5-coder, and lookup's long matches still paid.
 """
 
 from __future__ import annotations
@@ -230,11 +232,12 @@ class EagleDrafter:
     """Drafts a chain per round from the target's tapped features (runtime.backends.base.KVCache.tap)."""
 
     def __init__(self, target, weights: KernelWeights, lookup: LookupDrafter | None = None,
-                 min_confidence: float = 0.0, router: ClusterRouter | None = None) -> None:
+                 min_confidence: float = 0.0, router: ClusterRouter | None = None, head_drafts: int | None = None) -> None:
         self.target = target
         self.head = KernelHead(weights, router)
         self.lookup = lookup  # drafts first where it finds a match
         self.min_confidence = min_confidence  # a chain ends before the draft that takes its path score below this
+        self.head_drafts = head_drafts  # the most tokens the head drafts a round (None: the round's k); lookup's are not cut
         self.layers = weights.config.feature_layers
         self.cache = None  # the target's KV cache, whose taps hold the features
         self.fed = 0  # verified positions the head's cache holds (its rows 0..fed-1)
@@ -262,6 +265,8 @@ class EagleDrafter:
             if found.tokens.numel():
                 return found  # the head catches up on these positions next time it drafts
         self.catch_up(context)
+        if self.head_drafts is not None:
+            k = min(k, self.head_drafts)
         drafts, out, embed, confidence = [], self.out, self.embed, 1.0
         for _ in range(k):
             token, prob = self.head.top1(out, embed)
@@ -292,28 +297,32 @@ class EagleDrafter:
             self.lookup.observe(verdict)
 
 
-EAGLE_EXAMPLE = "e.g. eagle, eagle:frspec=4096, eagle:dynaspec=8, eagle:conf=0.4, eagle:lookup or eagle:from=art/other"
+EAGLE_EXAMPLE = ("e.g. eagle, eagle:frspec=4096, eagle:dynaspec=8, eagle:conf=0.4, eagle:lookup, eagle:head=1:lookup or "
+                 "eagle:from=art/other")
 
 
 @dataclass(frozen=True)
 class EagleOptions:
-    """eagle[:from=ART][:frspec=N|dynaspec=K][:conf=P][:lookup]: from=ART reads the head (stages drafter,
+    """eagle[:from=ART][:frspec=N|dynaspec=K][:conf=P][:head=H][:lookup]: from=ART reads the head (stages drafter,
     drafter_router) from another artifact built for the same model, a path without ':' (two heads
     compared over one loaded target, in one bench run); frspec=N (N >= 1) keeps the head's N most chosen
     draft-vocabulary rows; dynaspec=K (K >= 1) scores, per draft, the rows of the K clusters DynaSpec's
     router ranks highest (stage drafter_router); conf=P (0 <= P <= 1; 0, the default, drafts every
-    position) ends a chain where the product of the head's top-1 probabilities falls below P; lookup
-    drafts by prompt lookup first. Canonical order: from, frspec or dynaspec, conf (unless 0), then lookup."""
+    position) ends a chain where the product of the head's top-1 probabilities falls below P; head=H
+    (H >= 1) lets the head draft at most H tokens a round; lookup drafts by prompt lookup first, its
+    matches up to the round's full length whatever H is. Canonical order: from, frspec or dynaspec,
+    conf (unless 0), head, then lookup."""
 
     frspec: int | None = None
     lookup: bool = False
     confidence: float = 0.0
     dynaspec: int | None = None
     source: str | None = None  # from=ART; None: the session's artifact
+    head_drafts: int | None = None  # head=H: the most tokens the head drafts a round; None: the round's length
 
     @classmethod
     def parse(cls, args: list[str]) -> EagleOptions:
-        frspec, dynaspec, lookup, confidence, source = None, None, False, None, None
+        frspec, dynaspec, lookup, confidence, source, head_drafts = None, None, False, None, None, None
         for arg in args:
             option, _, value = arg.partition("=")
             positive = is_digits(value) and int(value) >= 1
@@ -325,18 +334,21 @@ class EagleOptions:
                 dynaspec = int(value)
             elif option == "conf" and confidence is None and unit_number(value) is not None:
                 confidence = unit_number(value)
+            elif option == "head" and head_drafts is None and positive:
+                head_drafts = int(value)
             elif arg == "lookup" and not lookup:
                 lookup = True
             else:
-                raise ValueError(f"eagle takes from=ART, frspec=N or dynaspec=K (N, K >= 1), conf=P (0 <= P <= 1) and "
-                                 f"lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
-        return cls(frspec, lookup, confidence or 0.0, dynaspec, source)
+                raise ValueError(f"eagle takes from=ART, frspec=N or dynaspec=K (N, K >= 1), conf=P (0 <= P <= 1), "
+                                 f"head=H (H >= 1) and lookup, each at most once, not {arg!r}; {EAGLE_EXAMPLE}")
+        return cls(frspec, lookup, confidence or 0.0, dynaspec, source, head_drafts)
 
     def format(self) -> tuple[str, ...]:
         words = [] if self.source is None else [f"from={self.source}"]
         words += [] if self.frspec is None else [f"frspec={self.frspec}"]
         words += [] if self.dynaspec is None else [f"dynaspec={self.dynaspec}"]
         words += [f"conf={number_text(self.confidence)}"] if self.confidence else []
+        words += [] if self.head_drafts is None else [f"head={self.head_drafts}"]
         return (*words, *["lookup"] * self.lookup)
 
     def build(self, context: DraftContext) -> EagleDrafter:
@@ -364,7 +376,8 @@ class EagleOptions:
             weights = context.once(("eagle", self.source, self.frspec),
                                    lambda: self.weights(artifact.read_stage(Stage.DRAFTER), config))
         router = None if stage is None else ClusterRouter(stage.runner, stage.starts, self.dynaspec)
-        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None, self.confidence, router)
+        return EagleDrafter(target, weights, LookupDrafter() if self.lookup else None, self.confidence, router,
+                            self.head_drafts)
 
     def other_artifact(self, context: DraftContext):
         """The artifact from=ART names, checked to be built for the session's model (a one-line error if not)."""
