@@ -137,10 +137,15 @@ def screen_gemv(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tenso
     qweight: [V, d] int8, scales: [V, G] float32 (G groups per row), hidden: [B, d] float32.
     Returns [B, V] float32: sum over groups of scale * <q_group, h_group>.
     """
-    ext = active()[1]
-    if ext is not None and hasattr(ext, "screen_gemv"):  # the AVX-512 paths only
-        return ext.screen_gemv(qweight, scales, hidden.float())
+    if has_screen_gemv_kernel():
+        return active()[1].screen_gemv(qweight, scales, hidden.float())
     return _screen_gemv_torch(qweight, scales, hidden.float())
+
+
+def has_screen_gemv_kernel() -> bool:
+    """Whether screen_gemv runs compiled here (the AVX-512 paths only; AVX2 compiles the per-row int16 screen)."""
+    ext = active()[1]
+    return ext is not None and hasattr(ext, "screen_gemv")
 
 
 def _screen_gemv_torch(qweight: torch.Tensor, scales: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
