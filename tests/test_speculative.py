@@ -5,7 +5,6 @@ EOS min-response guard.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

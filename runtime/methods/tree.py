@@ -73,10 +73,11 @@ class SwarmOptions:
             return LookupTrees(self.drafter.build(draft_context(session, None)), self.k)  # lookup has no head
         if self.drafter.name == "eagle":
             options = self.drafter.options
-            extra = "lookup" if options.lookup else "conf=P" if options.confidence else "head=H" if options.head_drafts else None
-            if extra:
+            chain_only = [word for word, given in (("lookup", options.lookup), ("conf=P", options.confidence),
+                                                   ("head=H", options.head_drafts)) if given]
+            if chain_only:
                 raise ValueError(f"swarm:eagle's trees rank nodes by the head's path score and take their depth from "
-                                 f"gamma=G; drop {extra} (e.g. swarm:eagle:2:nodes=6)")
+                                 f"gamma=G; drop {chain_only[0]} (e.g. swarm:eagle:2:nodes=6)")
             return EagleTrees(self.drafter.build(draft_context(session, None)), self.k)  # the head is its own
         return SlotTrees(backend_drafter(session, spec, self.drafter, head), self.k)
 
