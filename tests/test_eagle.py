@@ -488,7 +488,8 @@ def test_an_eagle_tree_is_eagle2s_best_scored_nodes_and_k1_is_the_chain(trained)
 
 def test_swarm_eagle_refuses_lookup_and_conf_in_one_line(trained):
     for method, word in [("swarm:eagle:lookup:2", "drop lookup"), ("swarm:eagle:conf=0.4:2", "drop conf=P"),
-                         ("swarm:eagle:head=1:2", "drop head=H")]:
+                         ("swarm:eagle:head=1:2", "drop head=H"),
+                         ("swarm:eagle:conf=0.4:head=1:lookup:2", "drop lookup, conf=P, head=H")]:
         with pytest.raises(ValueError, match=word):
             build_method(trained[0], method)
 

@@ -77,7 +77,7 @@ class SwarmOptions:
                                                    ("head=H", options.head_drafts)) if given]
             if chain_only:
                 raise ValueError(f"swarm:eagle's trees rank nodes by the head's path score and take their depth from "
-                                 f"gamma=G; drop {chain_only[0]} (e.g. swarm:eagle:2:nodes=6)")
+                                 f"gamma=G; drop {', '.join(chain_only)} (e.g. swarm:eagle:2:nodes=6)")
             return EagleTrees(self.drafter.build(draft_context(session, None)), self.k)  # the head is its own
         return SlotTrees(backend_drafter(session, spec, self.drafter, head), self.k)
 
