@@ -6,7 +6,9 @@ learns best from text the target wrote. Prompts are ShareGPT first turns of the 
 standard library's source, and the standard library's functions cut after their docstrings (`pyfunctions`:
 a signature and a docstring for the target to implement, the shape of a HumanEval prompt; code that is not
 HumanEval, which stays held out). Each response is
-decoded with the artifact's default method, whose greedy tokens are the target's own. The file is
+decoded with the artifact's default method, whose greedy tokens are the target's own, up to `batch`
+prompts at a time through the server's continuous batching (runtime.serve.together: each prompt's tokens
+are the ones it gets alone, while the batch shares the target's forwards). The file is
 a JSON list of {"text": prompt text + response}, written atomically once every prompt is done.
 Until then each finished response is appended to OUT.partial (JSON lines after a line of the
 settings), so an interrupted run resumes where it stopped: greedy responses do not depend on when
@@ -28,6 +30,7 @@ from tqdm import tqdm
 from artifacts.atomic import atomic_write_bytes
 from prep.core_pool import map_on_cores, worker_count
 from prep.traces import CODE_CORPUS, stdlib_sources, stdlib_texts
+from runtime.serve.together import generate_together
 from runtime.text.data import sharegpt_prompts
 
 CODE_PROMPT_CHARS = 600  # a source file's opening: imports, a docstring, the first definitions
@@ -36,6 +39,8 @@ FUNCTIONS_PER_FILE = 2  # spread the prompts over the library
 MAX_IMPORT_LINES = 6
 NEW_TOKENS = 128  # per response, by default: about a bench answer
 POOL_MIN_TOKENS = 1024  # tokens to decode before workers pay: ~20 s at one thread, a worker starts in ~5 s
+BATCH = 8  # prompts decoded at once by each process
+ROUNDS_PER_TASK = 2  # a task holds this many batches of prompts: the batch stays full but for the task's last ones
 SOURCES = ("sharegpt", CODE_CORPUS, FUNCTIONS_SOURCE)
 
 
@@ -102,12 +107,13 @@ def finished_responses(partial: Path, settings: dict) -> list[dict]:
 
 
 def write_responses(engine, source: str, count: int, max_new_tokens: int, out: str | Path,
-                    workers: int | None = 1) -> int:
+                    workers: int | None = 1, batch: int = BATCH) -> int:
     """Decode `count` prompts of `source` greedily and write the corpus file, resuming OUT.partial; returns its token count.
 
     workers: 1 decodes with `engine`; more decode on that many single-threaded processes, one per core
     (prep.core_pool), each loading the engine's artifact: the same tokens, written in the same order.
     None: prep.core_pool.worker_count's choice for the job.
+    batch: prompts each process decodes at once (the same tokens whatever it is).
     """
     prompts = training_prompts(source, count)
     templated = bool(getattr(engine.tokenizer, "chat_template", None))  # a base model (gemma3-270m) has none
@@ -119,14 +125,18 @@ def write_responses(engine, source: str, count: int, max_new_tokens: int, out: s
     atomic_write_bytes(partial, "".join(lines).encode())  # without a torn last line
     with partial.open("a", encoding="utf-8") as log:
         asks = [(prompt, chat and templated, max_new_tokens) for prompt, chat in prompts[len(finished):]]
-        answers = map_on_cores(worker_count(workers, len(asks) * max_new_tokens, POOL_MIN_TOKENS), respond, asks,
+        per_task = batch * ROUNDS_PER_TASK
+        tasks = [(asks[start:start + per_task], batch) for start in range(0, len(asks), per_task)]
+        answers = map_on_cores(worker_count(workers, len(asks) * max_new_tokens, POOL_MIN_TOKENS), respond, tasks,
                                engine, load_engine, (str(engine.session.artifact.path),))
-        with closing(answers):  # an interrupt stops the workers
-            for answer in tqdm(answers, desc="responses", unit="prompt", file=sys.stderr,
-                               initial=len(finished), total=len(prompts)):
-                finished.append(answer)
-                log.write(json.dumps(answer, ensure_ascii=False) + "\n")
+        with closing(answers), tqdm(desc="responses", unit="prompt", file=sys.stderr, initial=len(finished),
+                                    total=len(prompts)) as progress:  # an interrupt stops the workers
+            for task_answers in answers:
+                for answer in task_answers:
+                    finished.append(answer)
+                    log.write(json.dumps(answer, ensure_ascii=False) + "\n")
                 log.flush()
+                progress.update(len(task_answers))
     texts = [{"text": r["text"]} for r in finished]
     atomic_write_bytes(Path(out), (json.dumps(texts, ensure_ascii=False) + "\n").encode())
     partial.unlink()
@@ -140,10 +150,12 @@ def load_engine(artifact: str):
     return api.load(artifact, threads=1, progress=False)
 
 
-def respond(engine, ask: tuple[str, bool, int]) -> dict:
-    """The greedy response to one (prompt, through the chat template?, max new tokens): {"text", "tokens"}."""
-    prompt, chat, max_new_tokens = ask
-    ids = engine.encode(prompt, chat)
-    generation = engine.generate(ids.tolist(), max_new_tokens=max_new_tokens).wait()
-    text = engine.tokenizer.decode(ids.tolist() + generation.tokens, skip_special_tokens=False)
-    return {"text": text, "tokens": ids.numel() + len(generation.tokens)}
+def respond(engine, task: tuple[list[tuple[str, bool, int]], int]) -> list[dict]:
+    """The greedy responses to a task's asks (prompt, through the chat template?, max new tokens), decoded
+    its batch at a time: a {"text", "tokens"} each, in order."""
+    asks, batch = task
+    prompts = [engine.encode(prompt, chat).tolist() for prompt, chat, _ in asks]
+    plans = [engine.prepare(ids, max_new_tokens=max_new_tokens) for ids, (_, _, max_new_tokens) in zip(prompts, asks)]
+    responses = generate_together(engine, plans, max_batch=batch)
+    return [{"text": engine.tokenizer.decode(ids + new, skip_special_tokens=False), "tokens": len(ids) + len(new)}
+            for ids, new in zip(prompts, responses)]

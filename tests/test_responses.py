@@ -8,7 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main as prep_main
-from prep.responses import FUNCTIONS_PER_FILE, function_prompts, partial_path, training_prompts, write_responses
+from prep import responses
+from prep.responses import (FUNCTIONS_PER_FILE, ROUNDS_PER_TASK, function_prompts, partial_path, training_prompts,
+                            write_responses)
+from runtime.serve import together
 from factories import prep_ok, save_tiny_model_dir, tiny_artifact
 
 SOURCE = '''"""A module."""
@@ -87,18 +90,17 @@ class Interrupted(Exception):
     """Stands for the Ctrl-C that stops a run part way."""
 
 
-def interrupted_after(engine, calls: int):
-    """The engine, its generate raising Interrupted on the call after `calls`."""
-    generate, made = engine.generate, []
+def interrupt_after(monkeypatch, calls: int) -> None:
+    """Make prep.responses' decoding (one call a task of ROUNDS_PER_TASK batches) raise Interrupted on the call after `calls`."""
+    made = []
 
     def counted(*args, **kwargs):
         if len(made) == calls:
             raise Interrupted
         made.append(1)
-        return generate(*args, **kwargs)
+        return together.generate_together(*args, **kwargs)
 
-    engine.generate = counted
-    return engine
+    monkeypatch.setattr(responses, "generate_together", counted)
 
 
 def test_an_interrupted_run_resumes_its_finished_responses_and_writes_what_one_run_writes(tmp_path, monkeypatch):
@@ -108,12 +110,14 @@ def test_an_interrupted_run_resumes_its_finished_responses_and_writes_what_one_r
     art = tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path)
     whole, resumed = tmp_path / "whole.json", tmp_path / "resumed.json"
     tokens = write_responses(api.load(art), "pyfunctions", 4, 4, whole)
-    with pytest.raises(Interrupted):
-        write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 4, 4, resumed)
-    assert not resumed.exists() and len(partial_path(resumed).read_text().splitlines()) == 1 + 2  # settings + 2
+    interrupt_after(monkeypatch, 1)
+    with pytest.raises(Interrupted):  # one prompt at a time: a task of ROUNDS_PER_TASK prompts, then the interrupt
+        write_responses(api.load(art), "pyfunctions", 4, 4, resumed, batch=1)
+    assert not resumed.exists() and len(partial_path(resumed).read_text().splitlines()) == 1 + ROUNDS_PER_TASK
     with partial_path(resumed).open("a") as f:
         f.write('{"text": "cut by the interr')  # a torn last line is dropped, not read
-    assert write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 4, 4, resumed) == tokens  # 2 left
+    interrupt_after(monkeypatch, 1)
+    assert write_responses(api.load(art), "pyfunctions", 4, 4, resumed, batch=1) == tokens  # the task left
     assert resumed.read_text() == whole.read_text() and not partial_path(resumed).exists()
 
 
@@ -123,9 +127,11 @@ def test_a_partial_file_of_other_settings_is_started_over(tmp_path, monkeypatch,
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
     art = tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path)
     out = tmp_path / "responses.json"
+    interrupt_after(monkeypatch, 1)
     with pytest.raises(Interrupted):
-        write_responses(interrupted_after(api.load(art), 1), "pyfunctions", 3, 4, out)
-    write_responses(interrupted_after(api.load(art), 2), "pyfunctions", 2, 4, out)  # another count: all 2 anew
+        write_responses(api.load(art), "pyfunctions", 3, 4, out, batch=1)
+    interrupt_after(monkeypatch, 1)
+    write_responses(api.load(art), "pyfunctions", 2, 4, out, batch=1)  # another count: all 2 anew, one task
     assert "responses of other settings, started over" in capsys.readouterr().err
     assert len(json.loads(out.read_text())) == 2
 
@@ -136,7 +142,18 @@ def test_responses_on_two_processes_are_the_ones_one_process_writes(tmp_path, mo
     monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
     art = tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path)
     alone, shared = tmp_path / "alone.json", tmp_path / "shared.json"
-    tokens = write_responses(api.load(art), "pyfunctions", 5, 6, alone)
-    assert write_responses(api.load(art), "pyfunctions", 5, 6, shared, workers=2) == tokens
+    tokens = write_responses(api.load(art), "pyfunctions", 5, 6, alone, batch=1)
+    assert write_responses(api.load(art), "pyfunctions", 5, 6, shared, workers=2, batch=2) == tokens
     assert shared.read_text() == alone.read_text() and not partial_path(shared).exists()
+
+
+def test_responses_decoded_together_are_the_ones_decoded_one_by_one(tmp_path, monkeypatch):
+    from runtime import api
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    engine = api.load(tiny_artifact(save_tiny_model_dir(tmp_path / "model"), tmp_path))
+    one, three = tmp_path / "one.json", tmp_path / "three.json"
+    tokens = write_responses(engine, "pyfunctions", 7, 6, one, batch=1)
+    assert write_responses(engine, "pyfunctions", 7, 6, three, batch=3) == tokens  # 3 at a time, 6 a task
+    assert three.read_text() == one.read_text()
 

@@ -9,6 +9,7 @@ from runtime.backends.decoder import PREFILL_CHUNK
 from runtime.kernels import SKINNY_MAX_ROWS
 from runtime.common.sampling import SamplingParams
 from runtime.serve.scheduler import Delta, Failed, Finished, Job, Scheduler, Started
+from runtime.serve.together import generate_together
 from serve_factories import alone
 
 PROMPT = "w5 w9 w31 w5 w9 w17"
@@ -133,3 +134,18 @@ def test_stop_strings_end_the_text_before_them(engine):
         scheduler.step()
     sent = "".join(e.text for e in events if isinstance(e, Delta)) + events[-1].rest
     assert sent == events[-1].text == text[: text.index(stop)] and events[-1].reason == "stop"
+
+
+def test_prompts_decoded_together_get_the_tokens_each_gets_alone(engine):
+    prompts = [PROMPT, "w7 w8 w7 w8 w7", "w40 w41", "w3 w3 w3 w3 w3 w3", "w99"]
+    plans = [engine.prepare(p, "spec:lookup+csv", SamplingParams(), 5 + 3 * i) for i, p in enumerate(prompts)]
+    together = generate_together(engine, plans, max_batch=2)  # 2 at a time: the rest join as others end
+    assert together == [alone(engine, p, "spec:lookup+csv", max_tokens=5 + 3 * i) for i, p in enumerate(prompts)]
+    assert [len(tokens) for tokens in together] == [5, 8, 11, 14, 17]
+
+
+def test_a_plan_the_scheduler_fails_is_raised_once_the_others_are_done(engine):
+    plans = [engine.prepare(PROMPT, "spec:lookup+csv", SamplingParams(), 4),
+             engine.prepare(PROMPT, "spec:eagle+csv", SamplingParams(), 4)]  # the tiny artifact has no draft head
+    with pytest.raises(ValueError, match="drafter"):
+        generate_together(engine, plans, max_batch=2)

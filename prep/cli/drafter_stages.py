@@ -10,7 +10,7 @@ from artifacts.format import Stage
 from prep import stages
 from prep.cli import SEED, clean_errors, main, model_argument
 from prep.recipes import load_recipe, overridden
-from prep.responses import NEW_TOKENS, SOURCES as RESPONSE_SOURCES
+from prep.responses import BATCH as RESPONSE_BATCH, NEW_TOKENS, SOURCES as RESPONSE_SOURCES
 from prep.router_loss import LOSSES
 from prep.traces import TOP_TOKENS
 from runtime.cli.values import COUNT, Integer, Number
@@ -338,10 +338,12 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
 @click.option("-o", "--out", required=True, help="JSON corpus file to write ([{\"text\": ...}]), for prep traces --corpus.")
 @click.option("--workers", type=COUNT, default=None,
               help="Decoding processes, one thread and one core each (default: one per core, as memory allows).")
+@click.option("--batch", type=COUNT, default=RESPONSE_BATCH, show_default=True,
+              help="Prompts each process decodes at once, sharing the target's forwards (the same tokens at any batch).")
 @click.option("--force", is_flag=True, help="Replace an existing file at -o.")
 @clean_errors(interrupted="the finished responses are kept in OUT.partial: rerun the same command to resume")
 def responses_command(artifact: str, source: str, count: int, max_new_tokens: int, out: str, workers: int | None,
-                      force: bool) -> None:
+                      batch: int, force: bool) -> None:
     """Write the target's own greedy responses to training prompts: self-distillation text for the draft head.
 
     \b
@@ -354,5 +356,5 @@ def responses_command(artifact: str, source: str, count: int, max_new_tokens: in
     if Path(out).exists() and not force:
         raise click.ClickException(f"{out} exists; choose another -o, or pass --force to replace it")
     engine = api.load(artifact)
-    tokens = write_responses(engine, source, count, max_new_tokens, out, workers)
+    tokens = write_responses(engine, source, count, max_new_tokens, out, workers, batch)
     click.echo(f"wrote {out}: {count} texts, {tokens} tokens of {engine.session.model.info.name}'s own text")
