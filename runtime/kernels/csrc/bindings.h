@@ -41,7 +41,6 @@ constexpr int64_t kTileFloats = 16384;  // a tile's rows times min(cols, kSegmen
 constexpr int64_t kMaxTileRows = 64;
 inline int64_t tile_rows(int64_t cols) { return std::clamp<int64_t>(kTileFloats / std::min(cols, kSegmentCols), 16, kMaxTileRows); }
 constexpr int kTallBatch = 6;  // rows of x per pass over a tile: rows_for(6) weight rows share it
-constexpr int64_t kTallMinRows = 16;  // more rows of x than this take run_tall (SKINNY_MAX_ROWS)
 
 // Rows [0, rows) of a float32 tile (stride tb bytes) against count (1..N) rows of x.
 template <int N>

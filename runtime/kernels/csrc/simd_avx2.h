@@ -21,6 +21,11 @@ constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pas
 // stream and decode the weights once instead of twice (3 + n - 3 rows), e.g. qwen2.5-coder's verify
 // of 4 rows 2.10x -> 1.64x the time of one.
 constexpr int parts_for(int n) { return n <= 3 ? 1 : 2; }
+// More rows of x than this take the tiled path (bindings.h: run_tall, the same bits). On the AMD EPYC
+// Zen 3 the skinny passes cost ~25 ms a row of qwen2.5-coder's forward past two rows, the tiles ~19:
+// tiles from 8 rows ran 0.96x / 0.88x / 0.72-0.85x the time at 8 / 12 / 16 rows on one and two threads,
+// and 1.06x at 6 rows on two (docs/backends-and-kernels.md).
+constexpr int64_t kTallMinRows = 7;
 
 struct V { __m256 lo, hi; };   // lanes 0..7, 8..15
 struct I { __m256i lo, hi; };

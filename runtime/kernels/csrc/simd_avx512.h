@@ -26,6 +26,7 @@ constexpr int kMaxBatch = 6;
 // wait, R * n * 2 accumulators (at most 24 of the 32 zmm registers).
 constexpr int rows_for(int n) { return n <= 2 ? 4 : n == 3 ? 3 : 2; }
 constexpr int parts_for(int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
+constexpr int64_t kTallMinRows = 16;  // more rows of x than this take the tiled path (bindings.h: run_tall)
 
 struct V { __m512 v; };   // 16 floats
 struct I { __m512i v; };  // 16 int32
