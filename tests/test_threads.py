@@ -51,7 +51,7 @@ def assert_thread_independent(compute) -> None:
             assert thread_stats()["regions_parallel"] > ran_before  # the workers were asked to take part
 
 
-@pytest.mark.parametrize("n", [1, 5, 20], ids=["decode", "verify", "tall"])
+@pytest.mark.parametrize("n", [1, 5, 40], ids=["decode", "verify", "tall"])  # tall: past every path's kTallMinRows
 def test_quant_linear_parts(n: int) -> None:
     """Several formats in one region (chunks of every part), skinny and tall."""
     parts = [random_matrix(T.Q4_K, 700, 512, seed=1), random_matrix(T.Q8_0, 300, 512, seed=2), random_matrix(T.F32, 90, 512, seed=3)]
