@@ -102,7 +102,7 @@ def test_quant_linear_equals_fp32_kernel_on_dequantized(t: T) -> None:
 
 @pytest.mark.parametrize("t", TYPES)
 def test_prefill_rows_get_their_one_row_bits(t: T) -> None:
-    """More than SKINNY_MAX_ROWS rows (a prefill chunk, run_tall's decoded tiles): each row's output is
+    """A prefill chunk past every path's kTallMinRows (run_tall's decoded tiles): each row's output is
     torch.equal to that row alone, for block and fp32 weights, at 1 and 2 threads; the columns cover
     one tile segment and several (> 1024, with a tail where the type allows), the rows a partial tile."""
     if kernel_name() == "torch":
@@ -113,7 +113,7 @@ def test_prefill_rows_get_their_one_row_bits(t: T) -> None:
         for cols in (columns(t), {1: 2085, 32: 2080, 256: 2304}[qk]):
             w = random_matrix(t, 83, cols, seed=cols)
             dense = dequantize(w)  # [83, cols]
-            x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))  # 39 rows
+            x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))  # 39 rows: past 32 (AVX-512)
             alone = torch.cat([linear(x[i : i + 1], w) for i in range(x.shape[0])])  # [39, 83]
             for threads in (1, 2):
                 torch.set_num_threads(threads)

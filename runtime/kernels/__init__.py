@@ -18,7 +18,7 @@ from runtime.kernels.quant import SUPPORTED_GGML_TYPES, QuantMatrix, dequantize,
 from runtime.kernels.screen4_panels import Screen4Panels, pack_screen4, unpack_int4
 
 SKINNY_MAX_ROWS = 16  # the most rows a verify chain, tree chunk or server piece hands the kernels at once; beyond
-# kTallMinRows rows of x (simd_*.h: 32 on AVX-512, 7 on AVX2, 16 portable) the kernel decodes weight tiles once for all rows
+# each path's kTallMinRows rows of x (simd_*.h, measured per ISA) the kernel decodes weight tiles once for all rows
 # (bindings.h: run_tall), with the same bits
 INT16_SCREEN_MAX_COLS = 8192  # int16_screen.h's kMaxIntCols: its int32 lanes of int8 x int16 pairs cannot overflow
 # The kernel paths whose 4-bit screen beats the int8 one, so the default method verifies through it. The AVX2
