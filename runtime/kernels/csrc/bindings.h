@@ -15,7 +15,8 @@ namespace {
 namespace gemm {
 
 // Weight rows per chunk of a skinny region: about kChunkBytes of weights, a few microseconds of work,
-// so a thread that loses its core holds up little; whole multiples of 8 rows (every rows_for pass).
+// so a thread that loses its core holds up little; whole multiples of 8 rows (rows_for's passes of 2 and
+// 4 rows divide it; 3-row passes end in one of 2: gemm.h's rows_dot_range).
 constexpr int64_t kChunkBytes = 32768;
 constexpr int64_t kMaxChunkRows = 256;
 inline int64_t chunk_rows(int64_t rb) { return std::clamp<int64_t>(kChunkBytes / rb / 8 * 8, 8, kMaxChunkRows); }

@@ -176,8 +176,10 @@ inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols,
 }
 
 // Weight rows [begin, end) against count (1..N) rows of x: rows_for(count) weight rows per pass,
-// then the leftover rows one at a time. Rows below prefetch_end (the matrix's end, past this chunk's:
-// the next chunk streams on; 0: none) are prefetched kPrefetchRows ahead.
+// then the leftover rows, two at once where R is 3 (a chunk's 8 rows as 3 + 3 + 2, not 3 + 3 + 1 + 1:
+// qwen2.5-coder's 3-row forward ~8 % faster, its full head's 3-row pass ~20 %, on the AMD EPYC Zen 5),
+// then one at a time. Rows below prefetch_end (the matrix's end, past this chunk's: the next chunk
+// streams on; 0: none) are prefetched kPrefetchRows ahead.
 template <class D, int N>
 inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t begin, int64_t end, const float* x, int64_t cols,
                            int64_t prefetch_end, float* y, int64_t ys) {
@@ -187,6 +189,12 @@ inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t 
   constexpr int R = rows_for(N);
   int64_t i = begin;
   for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, i + kPrefetchRows + R <= prefetch_end, y + i, ys);
+  if constexpr (R == 3) {
+    if (i + 2 <= end) {
+      rows_dot<D, 2, N>(w + i * rb, rb, x, cols, i + kPrefetchRows + 2 <= prefetch_end, y + i, ys);
+      i += 2;
+    }
+  }
   for (; i < end; ++i) rows_dot<D, 1, N>(w + i * rb, rb, x, cols, false, y + i, ys);
 }
 
