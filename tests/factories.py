@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +193,15 @@ def compiled_module(path: str):
     if module is None:
         pytest.fail(f"the {path} kernels did not build (see the warning)")
     return module
+
+
+def tall_rows() -> int:
+    """Rows of x past every compiled path's kTallMinRows (read from simd_*.h, runnable here or not), so a
+    forward of them takes run_tall's decoded tiles on whichever path runs it."""
+    headers = sorted((Path(build.__file__).parent / "csrc").glob("simd_*.h"))
+    thresholds = [int(re.search(r"kTallMinRows = (\d+);", h.read_text()).group(1)) for h in headers]
+    assert len(thresholds) == 3, headers  # avx512, avx2, portable
+    return max(thresholds) + 7
 
 
 def prep_ok(args) -> str:

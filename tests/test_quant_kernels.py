@@ -21,7 +21,7 @@ from runtime.kernels.lanes import LANES_TYPES
 from runtime.kernels.quant import SUPPORTED_GGML_TYPES, _dequantize_torch, from_lanes, kernel_layout, row_bytes, to_lanes
 from runtime.models import resolve_model
 
-from factories import compiled_module, in_user_cache, random_matrix
+from factories import compiled_module, in_user_cache, random_matrix, tall_rows
 
 TYPES = [pytest.param(t, id=t.name) for t in SUPPORTED_GGML_TYPES]
 
@@ -114,8 +114,8 @@ def test_prefill_rows_get_their_one_row_bits(t: T) -> None:
         for cols in (columns(t), {1: 2085, 32: 2080, 256: 2304}[qk]):
             w = random_matrix(t, 83, cols, seed=cols)
             dense = dequantize(w)  # [83, cols]
-            x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))  # 39 rows: past 32 (AVX-512)
-            alone = torch.cat([linear(x[i : i + 1], w) for i in range(x.shape[0])])  # [39, 83]
+            x = torch.randn(tall_rows(), cols, generator=torch.Generator().manual_seed(cols))  # past every kTallMinRows
+            alone = torch.cat([linear(x[i : i + 1], w) for i in range(x.shape[0])])  # [tall_rows(), 83]
             for threads in (1, 2):
                 torch.set_num_threads(threads)
                 assert torch.equal(linear(x, w), alone), (cols, threads)
@@ -165,7 +165,7 @@ def test_lanes_layouts_keep_the_values_and_bits(t: T, cols: int) -> None:
     assert torch.equal(take_rows(packed, torch.tensor([36, 0, 3])), expected[[36, 0, 3]])
     if kernel_name() == "torch":
         return
-    x = torch.randn(SKINNY_MAX_ROWS + 23, cols, generator=torch.Generator().manual_seed(cols))
+    x = torch.randn(tall_rows(), cols, generator=torch.Generator().manual_seed(cols))  # a prefill past every kTallMinRows
     for n in [*range(1, SKINNY_MAX_ROWS + 1), x.shape[0]]:
         assert torch.equal(linear(x[:n], packed), linear(x[:n], w)), n
     active = build.active()[1]

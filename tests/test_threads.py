@@ -21,7 +21,7 @@ from runtime.kernels import (attend, decode_threads, dequantize, has_screen_gemv
                              rms_norm, screen_gemv, screen_gemv_int16, set_kernel_threads, take_rows, thread_stats, threads_restored,
                              torch_threads)
 
-from factories import random_matrix
+from factories import random_matrix, tall_rows
 
 THREAD_COUNTS = (2, 3)  # 3 on a 2-core machine too: more threads than cores is where a thread is descheduled
 REPEATS = 6
@@ -51,7 +51,7 @@ def assert_thread_independent(compute) -> None:
             assert thread_stats()["regions_parallel"] > ran_before  # the workers were asked to take part
 
 
-@pytest.mark.parametrize("n", [1, 5, 40], ids=["decode", "verify", "tall"])  # tall: past every path's kTallMinRows
+@pytest.mark.parametrize("n", [1, 5, tall_rows()], ids=["decode", "verify", "tall"])
 def test_quant_linear_parts(n: int) -> None:
     """Several formats in one region (chunks of every part), skinny and tall."""
     parts = [random_matrix(T.Q4_K, 700, 512, seed=1), random_matrix(T.Q8_0, 300, 512, seed=2), random_matrix(T.F32, 90, 512, seed=3)]
