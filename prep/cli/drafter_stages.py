@@ -317,6 +317,12 @@ def export_drafter_command(artifact: str, out: str, force: bool) -> None:
     \b
     prep export-drafter art/g270 -o heads/g270-eagle3
     vllm serve TARGET --speculative-config '{"method": "eagle3", "model": "heads/g270-eagle3", "num_speculative_tokens": 4}'
+    python convert_hf_to_gguf.py heads/g270-eagle3 --target-model-dir ~/.cache/specvocab/models/gemma3-270m --outfile g270-eagle3.gguf
+    llama-server -m ~/.cache/specvocab/models/gemma3-270m/*.gguf -md g270-eagle3.gguf --spec-type draft-eagle3
+
+    Keep the converter's default type (bf16): an f16 head overflows on gemma3's features and drafts nothing.
+    llama.cpp runs heads on gemma3 and qwen2 targets only with one line added to its graphs
+    (docs/llamacpp-reference.md); llama targets (smollm2) run as they are.
     """
     from artifacts import Artifact
     from prep.drafter_export import export_drafter
