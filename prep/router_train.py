@@ -223,12 +223,13 @@ def router_from_recipe(loaded, artifact, cfg: RouterRecipe, traces: str | Path, 
 
     The traces are resumed if begun (rebuilt where `force` allows); `prep all --traces` names their folder.
     """
+    from runtime.backends import reload_target
     from runtime.session import Session, model_spec_of
 
-    target = teacher_target(loaded)
-    build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, traces, cfg.max_tokens,
+    teacher = teacher_target(loaded)
+    build_traces(teacher, loaded.tokenizer, loaded.info.name, cfg.corpus, traces, cfg.max_tokens,
                  max_tokens_per_text=cfg.max_tokens_per_text, drafter_layers=parse_layers(cfg.drafter_layers),
                  force=force, option="--traces", progress=progress, workers=None, model=model_spec_of(artifact))
-    session = Session(artifact, loaded, target)
+    session = Session(artifact, loaded, reload_target(loaded, "transformers", teacher.eos_token_ids))  # training reads the fp32 weights
     return train_router(session, traces, Path(traces) / "router-train", RouterConfig.from_recipe(cfg, progress=progress),
                         force=force)

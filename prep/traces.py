@@ -1,7 +1,9 @@
 """`prep traces`: a teacher-forced run of the target over a corpus, written as safetensors shards.
 
 Each text (a ShareGPT conversation through the chat template, a HumanEval prompt, or a text of a
-JSON file) is cut to `max_tokens_per_text` tokens and run through the target in one forward.
+JSON file) is cut to `max_tokens_per_text` tokens and run through the target in one forward, on the
+backend `auto` picks: the native one wherever it reads the model's GGUF, so the states are bit for bit
+those the runtime computes (and the forward ~1.7x torch's), lean or transformers otherwise.
 Per position the shards hold the input id, the final-normed hidden state (float16), the next
 token (-1 at a text's last position), the target's top-1, its top TOP_TOKENS tokens with their
 probabilities (the multi-label router loss), per `drafter_layers` value N, the final-normed
@@ -45,7 +47,8 @@ from prep.trace_files import (CHECKSUM_FIELDS, INDEX_FILE, TRACES_FORMAT, read_i
                               shard_intact, shard_name, write_index, writing_traces)
 from runtime.text.data import (PACKAGED_SOURCES, SPLIT_PERCENT, SPLITS, humaneval_prompts, prompts_from_file,
                           sharegpt_conversations, split_of, split_of_text)
-from runtime.backends.hf import TransformersTarget
+from runtime.backends.target import DecoderTarget
+from runtime.kernels import linear, set_decoding_threads
 from runtime.common.checks import comma_items, is_digits
 
 TOP_TOKENS = 8
@@ -55,6 +58,7 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
 # Tokens to trace before workers pay (qwen2.5-coder, Zen 5): each loads the fp32 model (~25 s before
 # the first text), then two trace ~1.25x as fast as one process on two threads.
 POOL_MIN_TOKENS = 16_384
+TEACHER_BACKEND = "auto"  # runtime.backends.choose_backend: native where it reads the model
 
 
 def parse_layers(value) -> tuple[int, ...]:
@@ -118,11 +122,15 @@ def corpus_file_texts(corpus: str) -> list[str]:
     return texts
 
 
-def teacher_target(loaded) -> TransformersTarget:
-    """A loaded model (runtime.models.load_model) as the teacher-forced target traces run, stopping at its own EOS ids."""
-    from runtime.backends.lean import model_eos_ids
+def teacher_target(loaded):
+    """A loaded model (runtime.models.load_model) as the teacher-forced target traces run: the backend `auto`
+    picks, so the native backend (the GGUF's own blocks, the features and hidden states the runtime computes)
+    wherever it reads the model; lean or transformers otherwise."""
+    from runtime.backends import choose_backend, eos_ids, make_target
 
-    return TransformersTarget(loaded.model, model_eos_ids(loaded.model, loaded.tokenizer))
+    backend = choose_backend(TEACHER_BACKEND, loaded.gguf_path, loaded.config)
+    eos = eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)
+    return make_target(backend, config=loaded.config, eos_token_ids=eos, model=loaded.model, gguf_path=loaded.gguf_path)
 
 
 def named_corpus(corpus: str) -> bool:
@@ -189,19 +197,28 @@ def plan_shards(
     return plans
 
 
+def teacher_forward(target, tokens: torch.Tensor, layers: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor], object]:
+    """One forward over tokens [T]: final-normed hidden states [T, d], the residual stream entering each of
+    `layers` ({n: [T, d]}), and the final norm; on the decoder ladder through its cache's taps."""
+    if isinstance(target, DecoderTarget):
+        cache = target.new_cache()
+        cache.tap(tuple(layers))
+        hidden = target.forward(tokens, cache)
+        d = target.hidden_size
+        residuals = {n: cache.features[: tokens.numel(), i * d : (i + 1) * d] for i, n in enumerate(layers)}
+        return hidden, residuals, target.decoder.norm
+    out = target.body(input_ids=tokens.view(1, -1), use_cache=False, output_hidden_states=bool(layers))
+    # hidden_states[n] is the input of layer n (the output of the first n layers), before the norm.
+    return out.last_hidden_state[0], {n: out.hidden_states[n][0] for n in layers}, target.body.norm
+
+
 @torch.inference_mode()
-def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[int],
-               feature_layers: list[int] = ()) -> dict[str, torch.Tensor]:
+def trace_text(target, ids: list[int], drafter_layers: list[int], feature_layers: list[int] = ()) -> dict[str, torch.Tensor]:
     """One text's per-position tensors (see the module docstring)."""
     tokens = torch.tensor(ids, dtype=torch.long)
-    out = target.body(input_ids=tokens.view(1, -1), use_cache=False,
-                      output_hidden_states=bool(drafter_layers or feature_layers))
-    hidden = out.last_hidden_state[0]  # [T, d]
+    hidden, residuals, norm = teacher_forward(target, tokens, sorted(set(drafter_layers) | set(feature_layers)))
     # Top tokens in row chunks: a 512-token text times a 262k vocabulary is 0.5 GB of logits at once.
-    tops = [
-        torch.nn.functional.linear(rows, target.head_weight, target.head_bias).softmax(dim=1).topk(TOP_TOKENS, dim=1)
-        for rows in hidden.split(64)
-    ]
+    tops = [head_logits(target, rows).softmax(dim=1).topk(TOP_TOKENS, dim=1) for rows in hidden.split(64)]
     top_ids = torch.cat([t.indices for t in tops])  # [T, TOP_TOKENS], best first
     tensors = {
         "input_ids": tokens.to(torch.int32),
@@ -213,22 +230,29 @@ def trace_text(target: TransformersTarget, ids: list[int], drafter_layers: list[
         "hidden": hidden.to(torch.float16),
     }
     for n in drafter_layers:
-        # hidden_states[n] is the input of layer n (the output of the first n layers), before the norm.
-        tensors[f"hidden_layers_{n}"] = target.body.norm(out.hidden_states[n][0]).to(torch.float16)
+        tensors[f"hidden_layers_{n}"] = norm(residuals[n]).to(torch.float16)
     if feature_layers:
-        features = torch.cat([out.hidden_states[n][0] for n in feature_layers], dim=1)  # [T, 3d]
+        features = torch.cat([residuals[n] for n in feature_layers], dim=1)  # [T, 3d]
         tensors["features"] = features.to(torch.bfloat16)
     return tensors
 
 
-def load_teacher(model: str) -> TransformersTarget:
-    """A worker's teacher target: `model` (a load_model argument) loaded in this process."""
-    from runtime.models import load_model
+def head_logits(target, rows: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits [R, V] for final-normed rows [R, d]: the native kernels on the decoder ladder, torch's otherwise."""
+    if isinstance(target, DecoderTarget):
+        return linear(rows, target.head_weight, target.head_bias)
+    return torch.nn.functional.linear(rows, target.head_weight, target.head_bias)
 
-    return teacher_target(load_model(model, progress=False))
+
+def load_teacher(model: str):
+    """A worker's teacher target: `model` (a load_model argument) on the backend teacher_target picks, on one thread."""
+    from runtime.backends import load_target
+
+    set_decoding_threads(1, False)
+    return load_target(model, TEACHER_BACKEND, progress=False)[1]
 
 
-def trace_item(target: TransformersTarget, item: tuple[list[int], list[int], list[int]]) -> dict[str, torch.Tensor]:
+def trace_item(target, item: tuple[list[int], list[int], list[int]]) -> dict[str, torch.Tensor]:
     """trace_text of one (ids, drafter_layers, feature_layers): what a worker maps."""
     return trace_text(target, *item)
 
@@ -261,7 +285,7 @@ def _previous_index(out: Path, force: bool) -> dict | None:
 
 
 def build_traces(
-    target: TransformersTarget,
+    target,
     tokenizer,
     model_name: str,
     corpus: str,
@@ -286,7 +310,7 @@ def build_traces(
     (prep.core_pool), each loading `model` (a load_model argument) as `target` was loaded; None:
     prep.core_pool.worker_count's choice for the job.
     """
-    layers = getattr(target.body.config, "num_hidden_layers", 0)
+    layers = getattr(target.config, "num_hidden_layers", 0)
     for n in drafter_layers:
         if not 1 <= n < layers:
             raise ValueError(f"--drafter-layers takes depths in 1..{layers - 1} (the target has {layers} layers), got {n}")

@@ -51,3 +51,24 @@ def test_native_matches_lean_bit_for_bit_over_128_steps(fixture, request) -> Non
     native.forward(prompt, cache)
     block = native.forward(torch.tensor(steps[:8]), cache)
     assert torch.equal(block, _decode_hidden(native, prompt, steps[:8])[1:])
+
+
+def test_traces_read_the_features_the_runtime_decodes_with(real_gemma) -> None:
+    """prep traces' teacher is the native backend: a text's features are bit for bit the residual streams a
+    decoding cache taps (what the EAGLE-3 head reads at run time), and its top tokens are transformers'."""
+    from prep.traces import trace_text, teacher_target
+    from runtime.backends.hf import TransformersTarget
+
+    teacher = teacher_target(real_gemma)
+    assert teacher.name == "native"
+    ids = real_gemma.tokenizer(PROMPT * 3)["input_ids"]
+    layers = [2, 9, 15]
+    traced = trace_text(teacher, ids, [9], layers)
+    cache = teacher.new_cache()
+    cache.tap(tuple(layers))
+    hidden = teacher.forward(torch.tensor(ids), cache)
+    assert torch.equal(traced["features"], cache.features[: len(ids)].to(torch.bfloat16))
+    assert torch.equal(traced["hidden"], hidden.to(torch.float16))
+    reference = trace_text(TransformersTarget(real_gemma.model, set()), ids, [9], layers)
+    assert torch.equal(traced["top1"], reference["top1"])
+    assert torch.allclose(traced["hidden_layers_9"].float(), reference["hidden_layers_9"].float(), rtol=0.02, atol=0.02)

@@ -74,8 +74,8 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     """
     from prep.drafter_recipe import features_budget
     from prep.trace_files import check_traces_folder
-    from prep.traces import build_traces, check_corpus, parse_layers, teacher_target
-    from runtime.models import load_model
+    from prep.traces import TEACHER_BACKEND, build_traces, check_corpus, parse_layers
+    from runtime.backends import load_target
     from runtime.drafters.eagle_head import feature_layers
 
     recipe = load_recipe(model)
@@ -86,9 +86,8 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     layers = parse_layers(cfg.drafter_layers)
     check_corpus(cfg.corpus)
     check_traces_folder(out, "-o")
-    loaded = load_model(model)
-    target = teacher_target(loaded)
-    taps = feature_layers(loaded.model.config.num_hidden_layers) if features else ()
+    loaded, target = load_target(model, TEACHER_BACKEND)
+    taps = feature_layers(loaded.config.num_hidden_layers) if features else ()
     index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
                          cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps,
                          workers=workers, model=model)
