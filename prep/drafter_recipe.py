@@ -118,6 +118,7 @@ def build_drafter(artifact, loaded, recipe: DrafterRecipe, router: RouterRecipe,
         build_traces(target, loaded.tokenizer, loaded.info.name, s.corpus, s.folder, s.max_tokens,
                      max_tokens_per_text=router.max_tokens_per_text, force=force, option="--features",
                      feature_layers=taps, workers=None, model=model_spec_of(artifact))
+    del target  # the teacher's weights (the native backend's own copies) are not held through the training
     seconds["features"] = round(time.perf_counter() - started, 1)
     session = open_session(artifact.path, backend="transformers")  # training reads the fp32 weights
     config = DrafterConfig.from_recipe(recipe, trainer_flags=flags)

@@ -363,6 +363,7 @@ def build_traces(
                     entry = {**plan.entry(), **shard_checksum(out / plan.name)}
                 index["shards"].append(entry)
                 write_index(out, index)  # after every shard, so an interrupted run resumes here
+            next(traced, None)  # past the last text: the workers exit on their own, not killed (prep.core_pool)
         index["finished"] = True
         write_index(out, index)
         remove_unlisted_shards(out, index)

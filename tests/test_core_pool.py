@@ -109,6 +109,27 @@ def test_the_workers_end_on_their_own_so_their_exit_handlers_run(tmp_path):
     assert len(marked) == 2 and served <= marked
 
 
+def test_a_trace_runs_its_pool_past_the_last_text_so_the_workers_exit_on_their_own(tmp_path, monkeypatch):
+    """build_traces reads its texts' results one at a time; after the last it runs the pool to its end
+    (pool.close and join) rather than closing it there, which kills the workers (a traced text over a
+    prefill chunk makes a tqdm lock: a leaked-semaphore warning as `prep traces` exits)."""
+    from prep import traces
+
+    monkeypatch.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_model_dir(tmp_path / "model", layers=2)
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps([{"text": f"w{i} " * 30} for i in range(4)]))
+    ended = []
+
+    def recorded(*args):
+        yield from core_pool.map_on_cores(*args)
+        ended.append(True)
+
+    monkeypatch.setattr(traces, "map_on_cores", recorded)
+    prep_ok(["traces", model, "--corpus", corpus, "-o", tmp_path / "traces", "--drafter-layers", 0, "--workers", 1])
+    assert ended == [True]
+
+
 def _exit_marker(folder: str):
     """Setup: write FOLDER/PID as this worker exits (multiprocessing's exit handlers, which a kill skips)."""
     pid = os.getpid()
