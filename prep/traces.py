@@ -55,8 +55,8 @@ TOP_TOKENS = 8
 CODE_CORPUS = "pystdlib"  # the Python standard library's own source: code context outside HumanEval
 CODE_FILE_CHARS = 6_000  # a source file's first characters make one text (about the 512-token cut)
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
-# Tokens to trace before workers pay (qwen2.5-coder, Zen 5): each loads the fp32 model (~25 s before
-# the first text), then two trace ~1.25x as fast as one process on two threads.
+# Tokens to trace before workers pay (qwen2.5-coder, Zen 5, measured with transformers' forward, whose fp32
+# model a worker took ~25 s to load before its first text): two traced ~1.25x as fast as one process on two threads.
 POOL_MIN_TOKENS = 16_384
 TEACHER_BACKEND = "auto"  # runtime.backends.choose_backend: native where it reads the model
 
