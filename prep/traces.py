@@ -126,11 +126,10 @@ def teacher_target(loaded):
     """A loaded model (runtime.models.load_model) as the teacher-forced target traces run: the backend `auto`
     picks, so the native backend (the GGUF's own blocks, the features and hidden states the runtime computes)
     wherever it reads the model; lean or transformers otherwise."""
-    from runtime.backends import choose_backend, eos_ids, make_target
+    from runtime.backends import eos_ids, reload_target
 
-    backend = choose_backend(TEACHER_BACKEND, loaded.gguf_path, loaded.config)
     eos = eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)
-    return make_target(backend, config=loaded.config, eos_token_ids=eos, model=loaded.model, gguf_path=loaded.gguf_path)
+    return reload_target(loaded, TEACHER_BACKEND, eos)
 
 
 def named_corpus(corpus: str) -> bool:
