@@ -213,3 +213,28 @@ def prep_ok(args) -> str:
     result = CliRunner().invoke(prep_main, [str(a) for a in args])
     assert result.exit_code == 0, result.output
     return result.output
+
+
+# A small corpus for a briefly trained head: code and prose, repeated so that a few steps see each.
+HEAD_TEXTS = ["def add(a, b):\n    return a + b\n", "The capital of France is Paris, and the capital of Italy is Rome.",
+              "import os\n\nfor name in os.listdir('.'):\n    print(name)\n", "Water boils at one hundred degrees Celsius."] * 4
+
+
+def exported_head(root: Path, model: str, draft_vocab: int):
+    """A head for the packaged `model` trained for one epoch by prep on HEAD_TEXTS' features and exported by
+    `prep export-drafter`: (artifact dir, the resolved model, the EAGLE-3 checkpoint dir)."""
+    import json
+
+    from runtime.models.resolve import resolve_model
+
+    corpus = root / "corpus.json"
+    corpus.write_text(json.dumps([{"text": text} for text in HEAD_TEXTS]))
+    art, features, head = root / "art", root / "features", root / "head"
+    with in_user_cache():
+        target = resolve_model(model, progress=False)
+        prep_ok(["cluster", model, "-o", art, "--clusters", 8])
+        prep_ok(["traces", model, "--corpus", corpus, "-o", features, "--drafter-layers", 0, "--features"])
+        prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", draft_vocab, "--epochs", 1,
+                 "--devices", 1, "--accelerator", "cpu"])
+        prep_ok(["export-drafter", art, "-o", head])
+    return art, target, head

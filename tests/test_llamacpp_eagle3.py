@@ -8,7 +8,6 @@ the converter's own requirements importable here) and SPECVOCAB_LLAMACPP_BIN a b
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from factories import in_user_cache, prep_ok
+from factories import exported_head
 from runtime.common.sampling import SamplingParams
 from runtime.llamacpp.server import BIN_ENV, Eagle3Draft, LlamaServerDecoder
 from runtime.loops.decode import drive
@@ -29,8 +28,6 @@ DRAFT_VOCAB = 1024
 DRAFTS = 4  # tokens llama-server drafts a round
 NEW_TOKENS = 32
 PROMPT = "def fibonacci(n):\n"
-TEXTS = ["def add(a, b):\n    return a + b\n", "The capital of France is Paris, and the capital of Italy is Rome.",
-         "import os\n\nfor name in os.listdir('.'):\n    print(name)\n", "Water boils at one hundred degrees Celsius."] * 4
 
 pytestmark = [
     pytest.mark.real_model,
@@ -42,19 +39,8 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """A smollm2 head trained briefly by prep, exported, and converted by llama.cpp's convert_hf_to_gguf.py."""
-    from runtime.models.resolve import resolve_model
-
     root = tmp_path_factory.mktemp("eagle3")
-    corpus = root / "corpus.json"
-    corpus.write_text(json.dumps([{"text": text} for text in TEXTS]))
-    art, features, head = root / "art", root / "features", root / "head"
-    with in_user_cache():
-        target = resolve_model(MODEL, progress=False)
-        prep_ok(["cluster", MODEL, "-o", art, "--clusters", 8])
-        prep_ok(["traces", MODEL, "--corpus", corpus, "-o", features, "--drafter-layers", 0, "--features"])
-        prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", DRAFT_VOCAB, "--epochs", 1,
-                 "--devices", 1, "--accelerator", "cpu"])
-        prep_ok(["export-drafter", art, "-o", head])
+    art, target, head = exported_head(root, MODEL, DRAFT_VOCAB)
     source = Path(os.environ[SRC_ENV])
     out = root / "head.gguf"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
