@@ -100,7 +100,8 @@ def screen4(model: str, out: str, rank, group, texts, force: bool) -> None:
 @click.option("--traces", "traces_dir", default=None, help="Traces directory for --with-router (default: traces/NAME for -o art/NAME).")
 @click.option("--with-drafter", is_flag=True,
               help="Also train the recipe's EAGLE-3 draft head: the target's own responses, their features, training "
-                   "(stage drafter; qwen2.5-coder: 32 min on 2 Zen 5 cores, 50 on 2 cores of the Intel Xeon with AMX).")
+                   "(stage drafter; qwen2.5-coder: 23 min on 2 Zen 5 cores; 50 on 2 cores of the Intel Xeon with AMX "
+                   "before its features were traced on the native backend).")
 @click.option("--features", "features_dir", default=None,
               help="Data folder for --with-drafter: responses and features, reused on a rerun (default: features/NAME for -o art/NAME).")
 @click.option("--force", is_flag=True, help="Rebuild stages that already exist.")
