@@ -55,9 +55,12 @@ TOP_TOKENS = 8
 CODE_CORPUS = "pystdlib"  # the Python standard library's own source: code context outside HumanEval
 CODE_FILE_CHARS = 6_000  # a source file's first characters make one text (about the 512-token cut)
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
-# Tokens to trace before workers pay (qwen2.5-coder, Zen 5, measured with transformers' forward, whose fp32
-# model a worker took ~25 s to load before its first text): two traced ~1.25x as fast as one process on two threads.
-POOL_MIN_TOKENS = 16_384
+# Tokens to trace before workers pay. Measured on the Zen 5 with the native teacher (`prep traces MODEL --corpus
+# sharegpt --max-tokens N --features --workers 1|2`, whole command): at 8,192 tokens two workers took 36 s against
+# 51 s in one process on qwen2.5-coder, 27.8 against 31.4 on gemma3-270m, 15.7 against 16.1 on smollm2-135m; at
+# 4,096 only qwen2.5-coder's gained (23 against 28 s; gemma3-270m 18.3 against 16.3). With transformers' teacher,
+# whose fp32 model a worker took ~25 s to load, the threshold was 16,384.
+POOL_MIN_TOKENS = 8_192
 TEACHER_BACKEND = "auto"  # runtime.backends.choose_backend: native where it reads the model
 
 
