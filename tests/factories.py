@@ -8,6 +8,7 @@ fixtures built on it live in conftest.py.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -223,8 +224,6 @@ HEAD_TEXTS = ["def add(a, b):\n    return a + b\n", "The capital of France is Pa
 def exported_head(root: Path, model: str, draft_vocab: int):
     """A head for the packaged `model` trained for one epoch by prep on HEAD_TEXTS' features and exported by
     `prep export-drafter`: (artifact dir, the resolved model, the EAGLE-3 checkpoint dir)."""
-    import json
-
     from runtime.models.resolve import resolve_model
 
     corpus = root / "corpus.json"
