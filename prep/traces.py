@@ -129,10 +129,9 @@ def teacher_target(loaded):
     """A loaded model (runtime.models.load_model) as the teacher-forced target traces run: the backend `auto`
     picks, so the native backend (the GGUF's own blocks, the features and hidden states the runtime computes)
     wherever it reads the model; lean or transformers otherwise."""
-    from runtime.backends import eos_ids, reload_target
+    from runtime.backends import loaded_eos_ids, reload_target
 
-    eos = eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)
-    return reload_target(loaded, TEACHER_BACKEND, eos)
+    return reload_target(loaded, TEACHER_BACKEND, loaded_eos_ids(loaded))
 
 
 def named_corpus(corpus: str) -> bool:

@@ -93,9 +93,15 @@ def load_target(spec: str, backend: str = "auto", progress: bool = True, chat: b
         raise ValueError(f"{resolved.name} {NO_CHAT_TEMPLATE}")
     chosen = choose_backend(backend, resolved.gguf_path, AutoConfig.from_pretrained(resolved.path))
     loaded = load_model(spec, progress=False, weights=chosen != "native")
-    eos = eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)
-    target = make_target(chosen, config=loaded.config, eos_token_ids=eos, model=loaded.model, gguf_path=loaded.gguf_path)
+    target = make_target(chosen, config=loaded.config, eos_token_ids=loaded_eos_ids(loaded), model=loaded.model,
+                         gguf_path=loaded.gguf_path)
     return loaded, target
+
+
+def loaded_eos_ids(loaded) -> set[int]:
+    """The end-of-sequence ids of a loaded model (runtime.models.load_model): its config's, its generation
+    config's (absent without fp32 weights) and its tokenizer's."""
+    return eos_ids(loaded.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer)
 
 
 def reload_target(loaded, backend: str, eos_token_ids) -> TargetModel:
