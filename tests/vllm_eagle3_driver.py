@@ -54,8 +54,10 @@ def main() -> None:
     seconds = time.perf_counter() - start
     counters = {}
     for name, value in spec_counters(llm).items():
-        old = before.get(name)
-        counters[name] = [a - b for a, b in zip(value, old)] if isinstance(value, list) else value - (old or 0)
+        if isinstance(value, list):  # by draft position; absent before where the warm-up drafted nothing
+            counters[name] = [a - b for a, b in zip(value, before.get(name) or [0] * len(value))]
+        else:
+            counters[name] = value - before.get(name, 0)
     result = {"tokens": [list(output.outputs[0].token_ids) for output in outputs], "seconds": seconds,
               "drafts": counters.get("vllm:spec_decode_num_drafts"),
               "draft_tokens": counters.get("vllm:spec_decode_num_draft_tokens"),
