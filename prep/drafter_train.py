@@ -27,7 +27,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from artifacts import StageExists
@@ -52,7 +51,6 @@ class DrafterConfig:
     intermediate_size: int | None = None  # None: mlp_width of the target's
     mlp_width: float = DEFAULTS.drafter.mlp_width
     steps: int = DEFAULTS.drafter.steps  # training-time test depth
-    feature_loss: float = 0.0  # EAGLE-2 style (features of the last layer only): weight of the next feature's smooth L1, head frozen
     epochs: int = DEFAULTS.drafter.epochs
     lr: float = DEFAULTS.drafter.lr
     seed: int = 0
@@ -126,14 +124,9 @@ class TextsData(L.LightningDataModule):
 class DrafterModule(L.LightningModule):
     """The training-time-test loss of an EagleHead against the target's distributions."""
 
-    def __init__(self, head: EagleHead, embedding: torch.Tensor, steps: int, lr: float, total_steps: int,
-                 feature_loss: float = 0.0) -> None:
+    def __init__(self, head: EagleHead, embedding: torch.Tensor, steps: int, lr: float, total_steps: int) -> None:
         super().__init__()
         self.head = head
-        self.feature_loss = feature_loss
-        if feature_loss:  # the target's own head reads the predicted features: its rows and final norm stay
-            head.lm_head.weight.requires_grad_(False)
-            head.norm.requires_grad_(False)
         self.embedding = embedding  # [V, d], the target's table as stored, frozen (not a buffer: never checkpointed)
         self.steps, self.lr, self.total_steps = steps, lr, total_steps
         self.register_buffer("t2d_index", head.t2d_index(), persistent=False)  # [V]
@@ -145,10 +138,8 @@ class DrafterModule(L.LightningModule):
         features, ids, top_ids, top_probs = batch
         rows = ids.shape[0] - self.steps  # row t, step j reads token t + 1 + j and the target's distribution there
         embeds = self.embedding[ids[1:].long()].float()  # [T - 1, d]
-        d = embeds.shape[1]
-        inputs = features[:, :-d] if self.feature_loss and features.shape[1] > d else features  # the last d: the label layer
-        outs = self.head.unrolled(inputs[:rows].float(), embeds, self.steps)
-        losses, hits, follows, misses = [], [], [], []
+        outs = self.head.unrolled(features[:rows].float(), embeds, self.steps)
+        losses, hits, follows = [], [], []
         for j, out in enumerate(outs):
             logq = torch.log_softmax(self.head.logits(out).float(), dim=-1)  # [T', Vd]
             drafted = self.t2d_index[top_ids[1 + j : 1 + j + rows].long()]  # [T', K]
@@ -157,14 +148,9 @@ class DrafterModule(L.LightningModule):
             kept = mass[:, 0] > 0
             p = p / mass.clamp_min(1e-9)
             loss = -(p * logq.gather(1, drafted.clamp_min(0))).sum(1)[kept].mean()
-            if self.feature_loss:
-                miss = F.smooth_l1_loss(out.float(), features[1 + j : 1 + j + rows, -d:].float())
-                misses.append(miss)
-                loss = loss + self.feature_loss * miss
             losses.append(loss)
             hits.append(logq.argmax(1) == drafted[:, 0])
             follows.append(ids[1 + j : 1 + j + rows] == top_ids[j : j + rows, 0])  # step j's token is the target's top-1
-        self.misses = misses
         return losses, hits, follows
 
     def training_step(self, batch, batch_idx):
@@ -180,8 +166,6 @@ class DrafterModule(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         losses, hits, follows = self.unrolled_losses(batch)
         rows = hits[0].numel()
-        for j, miss in enumerate(self.misses):
-            self.log(f"val/feature@{j}", miss, batch_size=rows, reduce_fx="mean")
         for j, (loss, hit) in enumerate(zip(losses, hits)):
             self.log(f"val/loss@{j}", loss, batch_size=rows, reduce_fx="mean")
             self.log(f"val/top1@{j}", hit.float().mean(), batch_size=rows, reduce_fx="mean")
@@ -190,7 +174,7 @@ class DrafterModule(L.LightningModule):
                 self.log(f"val/chain@{j}", rate, batch_size=counted, reduce_fx="mean")
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW([p for p in self.head.parameters() if p.requires_grad], lr=self.lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.lr, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, self.total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -268,10 +252,6 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
     counts = data.top1_counts()
     draft_ids = draft_vocabulary(counts, c.draft_vocab, sorted(i for i in target.eos_token_ids if i < target.vocab_size))
     body = target.config
-    if c.feature_loss and list(layers)[-1] != body.num_hidden_layers:
-        raise ValueError(f"--feature-loss needs features of the last layer's output ({body.num_hidden_layers}) last, not {layers}")
-    if c.feature_loss and len(layers) > 1:
-        layers = layers[:-1]  # the head reads the others
     eagle = EagleConfig(
         hidden_size=target.hidden_size, num_heads=body.num_attention_heads, kv_heads=body.num_key_value_heads,
         head_dim=getattr(body, "head_dim", None) or target.hidden_size // body.num_attention_heads,
@@ -282,7 +262,7 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
     head = initial_head(target.head_weight, eagle, draft_ids, RMSNorm.of_module(target.body.norm, gemma).factor)
     total = c.epochs * len(data.splits["train"])
     embedding = target.model.get_input_embeddings().weight.detach()  # as stored: gemma3's scale is its module's
-    module = DrafterModule(head, embedding, c.steps, c.lr, total, c.feature_loss)
+    module = DrafterModule(head, embedding, c.steps, c.lr, total)
     run = training_run(Stage.DRAFTER, session.model.info.name, c, {folder: read_index(folder) for folder in folders})
     metrics = fit_and_validate(module, data, c.trainer_flags, total, Path(work_dir), c.progress, run, "drafter")
     coverage = float(counts[draft_ids].sum() / counts.sum())
@@ -296,7 +276,6 @@ def train_drafter(session, folders: list[str], work_dir: str | Path, config: Dra
         "epochs": c.epochs,
         "optimizer_steps": int(module.steps_taken),
         "lr": c.lr,
-        "feature_loss": c.feature_loss,
         "precision": c.trainer_flags["precision"],
         "seed": c.seed,
         "draft_vocab_coverage": round(coverage, 4),

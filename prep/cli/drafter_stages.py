@@ -215,14 +215,12 @@ def bake_onedecode(artifact: str, traces_dir: str, v_bake: int, top_k: int, min_
               help="Training-time-test depth, draft steps unrolled (default: the recipe's).")
 @click.option("--epochs", type=COUNT, default=None, help="Default: the recipe's.")
 @click.option("--lr", type=Number(0, low_open=True), default=None, help="Default: the recipe's.")
-@click.option("--feature-loss", type=Number(0), default=0.0,
-              help="EAGLE-2 style: weight of the next feature's smooth L1 (features of the last layer's output; the head's rows frozen).")
 @lightning_options(precision_from_recipe=True)
 @click.option("--work-dir", default=None, help="Logs (CSV) and checkpoints (default: FEATURES/drafter-train).")
 @click.option("--force", is_flag=True, help="Overwrite an existing drafter stage.")
 @clean_errors
 def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, intermediate, steps, epochs, lr,
-                          feature_loss: float, devices: str, accelerator: str, precision, strategy: str,
+                          devices: str, accelerator: str, precision, strategy: str,
                           seed: int, work_dir, force: bool) -> None:
     """Train the EAGLE-3 draft head on the target's features (Lightning) and write stage `drafter`.
 
@@ -245,8 +243,7 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, 
                          lr=lr, precision=precision)
         flags = lightning_flags(devices, accelerator, training_precision(cfg.precision, cpu_flags()), strategy)
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
-        config = DrafterConfig.from_recipe(cfg, intermediate_size=intermediate, seed=seed, trainer_flags=flags,
-                                             feature_loss=feature_loss)
+        config = DrafterConfig.from_recipe(cfg, intermediate_size=intermediate, seed=seed, trainer_flags=flags)
         params = train_drafter(session, list(folders), work_dir or Path(folders[0]) / "drafter-train", config, force)
     validation = params["validation"]
     top1 = ", ".join(f"{validation[f'val/top1@{j}']:.1%}" for j in range(cfg.steps))

@@ -195,9 +195,6 @@ class Decoder:
                 for feed, part in zip(feeds, x.split(counts)):
                     self._tap(feed.cache, index, feed.rows.start, part)
             x = self._layer(layer, x, feeds, index)
-        if len(self.layers) in tapped:  # the last layer's output, before the final norm (an EAGLE-2-style head's input)
-            for feed, part in zip(feeds, x.split(counts)):
-                self._tap(feed.cache, len(self.layers), feed.rows.start, part)
         for feed in feeds:
             feed.cache.length = feed.length
         return list(self.norm(x).split(counts))
