@@ -174,9 +174,9 @@ def test_the_default_method_drafts_with_the_head_where_the_artifact_has_one(trai
     serve without --method: lookup either way."""
     session = trained[0]
     engine = api.Engine(session)
-    assert str(engine.default_method()) == "spec:eagle:conf=0.4:lookup+csv:screen"  # prep cluster writes the int8 screen
+    assert str(engine.default_method()) == "spec:eagle:conf=0.3:head=1:lookup+csv:screen"  # prep cluster writes the int8 screen
     assert str(engine.default_method(serving=True)) == "spec:lookup+csv:screen"
-    # The tiny head is near uniform, so conf=0.4 leaves the drafting to lookup; a confident head drafts itself.
+    # The tiny head is near uniform, so conf=0.3 leaves the drafting to lookup; a confident head drafts itself.
     assert_greedy_identity(session, str(engine.default_method()), random.Random(2), prompts=3, tokens=40)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
@@ -190,7 +190,7 @@ def test_the_server_decodes_with_the_head_under_load_as_alone(trained):
     chain the head drafts give every request the tokens it gets alone, with the others in the same forwards."""
     engine = api.Engine(trained[0])
     prompts = [("w5 w9 w31 w5 w9 w17", 24), ("w40 w41 w42", 30), ("w7 w7 w8 w9 w10 w7 w7", 17)]
-    for method in ("spec:eagle:conf=0.4:lookup+csv", "spec:eagle:conf=0.025"):
+    for method in ("spec:eagle:conf=0.3:head=1:lookup+csv", "spec:eagle:conf=0.025"):
         expected = [alone(engine, prompt, method, max_tokens=n) for prompt, n in prompts]
         bodies = [{"model": model_name(engine), "prompt": prompt, "max_tokens": n, "temperature": 0,
                    "return_token_ids": True, "method": method} for prompt, n in prompts]

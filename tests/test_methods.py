@@ -80,8 +80,8 @@ def test_the_default_method_drafts_by_lookup_or_the_head_through_the_best_bound_
     named = {bound: canonical(default_method(bound)) for bound in ("screen4", "screen", None)}
     assert named == {"screen4": "spec:lookup+csv:screen4", "screen": "spec:lookup+csv:screen", None: "spec:lookup"}
     headed = {bound: canonical(default_method(bound, has_head=True)) for bound in ("screen4", "screen", None)}
-    assert headed == {"screen4": "spec:eagle:conf=0.4:lookup+csv:screen4", "screen": "spec:eagle:conf=0.4:lookup+csv:screen",
-                      None: "spec:eagle:conf=0.4:lookup"}
+    assert headed == {"screen4": "spec:eagle:conf=0.3:head=1:lookup+csv:screen4",
+                      "screen": "spec:eagle:conf=0.3:head=1:lookup+csv:screen", None: "spec:eagle:conf=0.3:head=1:lookup"}
     assert all(default_method(bound, head).distribution_preserving for bound in named for head in (False, True))
 
 
