@@ -379,7 +379,8 @@ def test_export_loads_in_readers_written_from_vllm_and_sglang(trained, tmp_path)
         vllm_read(config, renamed)
 
 
-@pytest.mark.parametrize("method", ["spec:eagle:gamma=2", "spec:eagle:dynaspec=2:gamma=2", "swarm:eagle:3:gamma=2:nodes=5"])
+@pytest.mark.parametrize("method", ["spec:eagle:gamma=2", "spec:eagle:dynaspec=2:gamma=2", "swarm:eagle:3:gamma=2:nodes=5",
+                                    "spec:eagle:head=1:lookup:gamma=2"])  # the last: the default's drafter, uncut
 def test_sampled_eagle_follows_the_target_distribution(request, method):
     """At temperature 0.7 the second token (the first a verify round decides, over eagle's draft) follows the
     target's exact marginal sum_x1 p(x1) p(x2 | x1): a chi-square test over 3000 seeded runs (EOS banned in both)."""
@@ -400,10 +401,13 @@ def test_sampled_eagle_follows_the_target_distribution(request, method):
     marginal = sum(first[x] * probs(prompt + [x]) for x in range(first.numel()) if first[x] > 1e-6)  # [V]
     built = build_method(session, method)
     runs = 3000
-    counts = torch.zeros_like(marginal)
+    counts, drafting_runs = torch.zeros_like(marginal), 0
     for seed in range(runs):
-        tokens, _ = built.decode(torch.tensor(prompt), 2, params, torch.Generator().manual_seed(seed), min_new_tokens=2)
+        # three tokens: the prefill's, then one round that drafts (two would leave it nothing to draft)
+        tokens, stats = built.decode(torch.tensor(prompt), 3, params, torch.Generator().manual_seed(seed), min_new_tokens=3)
         counts[tokens[1]] += 1
+        drafting_runs += stats.spec.drafted > 0
+    assert drafting_runs == runs  # the head drafted in every run: its drafts are what the test verifies
     expected = marginal.double() / marginal.double().sum() * runs
     big = expected >= 5  # pool the rare tokens into one bin
     observed = torch.cat([counts[big].double(), counts[~big].sum().double().view(1)])
