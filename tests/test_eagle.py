@@ -30,6 +30,7 @@ from runtime.loops.decode import generate_ar
 from runtime.methods import build_method
 from runtime.session import open_session
 from factories import prep_ok, save_tiny_model_dir
+from sampling_checks import assert_second_token_follows_the_target
 from serve_factories import alone, model_name, posted_in_one_batch, running
 
 TEXTS = 60
@@ -382,41 +383,10 @@ def test_export_loads_in_readers_written_from_vllm_and_sglang(trained, tmp_path)
 @pytest.mark.parametrize("method", ["spec:eagle:gamma=2", "spec:eagle:dynaspec=2:gamma=2", "swarm:eagle:3:gamma=2:nodes=5",
                                     "spec:eagle:head=1:lookup:gamma=2"])  # the last: the default's drafter, uncut
 def test_sampled_eagle_follows_the_target_distribution(request, method):
-    """At temperature 0.7 the second token (the first a verify round decides, over eagle's draft) follows the
-    target's exact marginal sum_x1 p(x1) p(x2 | x1): a chi-square test over 3000 seeded runs (EOS banned in both)."""
-    from scipy.stats import chisquare
-
+    """At temperature 0.7 the token a verify round decides over eagle's draft follows the target's exact
+    marginal (tests/sampling_checks.py)."""
     session = request.getfixturevalue("routed")[0] if "dynaspec" in method else request.getfixturevalue("trained")[0]
-    target, params = session.target, SamplingParams(temperature=0.7)
-    full = FullHead(target.head_weight, target.head_bias)
-    prompt = [2, 11, 7, 30, 5, 19]
-
-    def probs(context: list[int]) -> torch.Tensor:
-        """The warped target distribution after `context`, EOS banned (the runs' min-response guard) [V]."""
-        logits = full.logits(target.forward(torch.tensor(context), target.new_cache())[-1:])[0]
-        logits[list(target.eos_token_ids)] = float("-inf")
-        return torch.softmax(logits / 0.7, 0)
-
-    first = probs(prompt)
-    marginal = sum(first[x] * probs(prompt + [x]) for x in range(first.numel()) if first[x] > 1e-6)  # [V]
-    built = build_method(session, method)
-    runs = 3000
-    counts, drafting_runs = torch.zeros_like(marginal), 0
-    for seed in range(runs):
-        # three tokens: the prefill's, then one round that drafts (two would leave it nothing to draft)
-        tokens, stats = built.decode(torch.tensor(prompt), 3, params, torch.Generator().manual_seed(seed), min_new_tokens=3)
-        counts[tokens[1]] += 1
-        drafting_runs += stats.spec.drafted > 0
-    assert drafting_runs == runs  # the head drafted in every run: its drafts are what the test verifies
-    expected = marginal.double() / marginal.double().sum() * runs
-    big = expected >= 5  # pool the rare tokens into one bin
-    observed = torch.cat([counts[big].double(), counts[~big].sum().double().view(1)])
-    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
-    if wanted[-1] < 5:  # too rare to test alone: fold into the largest bin
-        observed[observed.argmax()] += observed[-1]
-        wanted[wanted.argmax()] += wanted[-1]
-        observed, wanted = observed[:-1], wanted[:-1]
-    assert chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
+    assert_second_token_follows_the_target(session, method, [2, 11, 7, 30, 5, 19])
 
 
 @pytest.fixture(scope="module")
