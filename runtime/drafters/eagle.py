@@ -21,8 +21,8 @@ every position is drafted (conf=0), the meaning `spec:eagle` has in the bench re
 the value for the head alone: on gemma3-270m's head it turned 0.95x / 0.92x `ar` (HumanEval / ShareGPT)
 into 1.15x / 1.15x, with 0.2-0.6 within 6 % of it (docs/draft-head.md). `head=H` caps the head's own
 chain at H tokens a round while lookup's matches keep the round's length. Beside lookup one head draft
-a round pays best: a later one adds a verify row (exact fp32 work; past two rows the 4-bit screen hands
-over to the int8 one) that costs more than the tokens it brings, so `conf=0.3:head=1:lookup` (the
+a round pays best: a later one adds a verify row (exact fp32 work; with `+csv:screen4` past two rows the
+int8 screen's pass instead of the 4-bit one's) that costs more than the tokens it brings, so `conf=0.3:head=1:lookup` (the
 default method's drafter with a head) ran 1.1-7.7 % faster than `conf=0.4:lookup` in 10 of the AMD
 EPYC Zen 5's 12 cells and at most 1.6 % slower in the other 2 (docs/draft-head.md).
 """
