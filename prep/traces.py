@@ -76,6 +76,20 @@ def parse_layers(value) -> tuple[int, ...]:
     return tuple(int(n) for n in parts)
 
 
+def parse_feature_layers(value: str, num_layers: int) -> tuple[int, int, int]:
+    """--feature-layers: the three target layers, ascending, whose inputs an EAGLE-3 head reads (0..N-1 of N),
+    or a one-line ValueError naming the fix (the default, EAGLE-3's (2, N/2, N-3), as the example)."""
+    from runtime.drafters.eagle_head import feature_layers
+
+    example = ",".join(map(str, feature_layers(num_layers)))
+    parts = comma_items(str(value), "--feature-layers", example)
+    layers = [int(n) for n in parts if is_digits(n)]
+    if len(parts) != 3 or len(layers) != 3 or layers != sorted(layers) or layers[-1] >= num_layers:
+        raise ValueError(f"--feature-layers takes three ascending layers in 0..{num_layers - 1} of this "
+                         f"{num_layers}-layer model (the head reads their inputs), e.g. {example}; not {value!r}")
+    return layers[0], layers[1], layers[2]
+
+
 def corpus_texts(corpus: str, tokenizer) -> Iterator[str]:
     """Texts of "sharegpt" (whole conversations, chat template when the tokenizer has one),
     "humaneval" (the 164 prompts) or a JSON file of {"text": ...} objects."""

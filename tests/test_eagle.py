@@ -90,6 +90,47 @@ def test_features_are_the_residual_stream_entering_the_tapped_layers(trained):
     torch.testing.assert_close(cache.features[: ids.numel()], t["features"][first].float(), atol=2e-2, rtol=2e-2)
 
 
+def test_feature_layers_choose_the_taps_the_head_is_trained_and_exported_with(trained, tmp_path):
+    """prep traces --features --feature-layers L,M,H stores those layers' inputs; train-drafter takes its taps
+    from the features, and export-drafter names them for vLLM and llama.cpp."""
+    session, _, _ = trained
+    from prep.trace_files import load_traces
+
+    model, corpus = session.artifact.path.parent / "model", session.artifact.path.parent / "corpus.json"
+    features, art, out = tmp_path / "features", tmp_path / "art", tmp_path / "head"
+    shutil.copytree(session.artifact.path, art)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVOCAB_CACHE", str(tmp_path / "cache"))
+        prep_ok(["traces", model, "--corpus", corpus, "-o", features, "--features", "--feature-layers", "1,3,5"])
+        prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", 48, "--epochs", 1, "--force",
+                 "--devices", 1, "--accelerator", "cpu"])
+        prep_ok(["export-drafter", art, "-o", out])
+    index, t = load_traces(features, ["features", "input_ids", "doc"])
+    assert index["feature_layers"] == [1, 3, 5]
+    first = t["doc"] == t["doc"][0]
+    cache = session.target.new_cache()
+    cache.tap((1, 3, 5))
+    session.target.forward(t["input_ids"][first].long(), cache)
+    torch.testing.assert_close(cache.features[: int(first.sum())], t["features"][first].float(), atol=2e-2, rtol=2e-2)
+    assert open_session(art, backend="lean", progress=False).artifact.stage_params(Stage.DRAFTER)["feature_layers"] == [1, 3, 5]
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--feature-layers", "1,3,5"], "add --features"),
+    (["--features", "--feature-layers", "3,1,5"], "three ascending layers in 0..5"),
+    (["--features", "--feature-layers", "1,3,6"], "three ascending layers in 0..5"),
+    (["--features", "--feature-layers", "1,3"], "e.g. 2,3,3"),
+    (["--features", "--feature-layers", "1,x,5"], "three ascending layers"),
+])
+def test_bad_feature_layers_are_refused_in_one_line_before_any_write(trained, tmp_path, args, fragment):
+    session, _, _ = trained
+    model, corpus = session.artifact.path.parent / "model", session.artifact.path.parent / "corpus.json"
+    result = CliRunner().invoke(prep_main, ["traces", str(model), "--corpus", str(corpus), "-o", str(tmp_path / "f"), *args])
+    assert result.exit_code != 0 and fragment in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "f").exists()
+
+
 def test_training_writes_a_drafter_stage_that_reports_its_validation(trained):
     session, _, out = trained
     params = session.artifact.stage_params("drafter")

@@ -59,25 +59,31 @@ def lightning_options(command=None, *, precision_from_recipe: bool = False):
                    "(default: the recipe's; none with --features).")
 @click.option("--features", is_flag=True,
               help="Also store the target's features an EAGLE-3 draft head reads (prep train-drafter): 3 layers, bfloat16.")
+@click.option("--feature-layers", "feature_layers_text", default=None,
+              help="With --features: the three layers whose inputs the head reads, ascending, e.g. 2,12,23 "
+                   "(default: EAGLE-3's 2, N/2, N-3 of N layers).")
 @click.option("--workers", type=COUNT, default=None,
               help="Tracing processes, one thread and one core each (default: one per core, as memory allows).")
 @click.option("--force", is_flag=True, help="Rebuild the folder's traces: needed to change their settings, or to remove or shorten them.")
 @clean_errors(interrupted="complete shards are kept: rerun the same command to resume")
 def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_tokens_per_text, drafter_layers,
-           features: bool, workers: int | None, force: bool) -> None:
+           features: bool, feature_layers_text: str | None, workers: int | None, force: bool) -> None:
     """Run the target teacher-forced over a corpus and write trace shards (resumable).
 
     \b
     prep traces gemma3-270m -o traces/g270
     prep traces gemma3-270m --corpus humaneval -o traces/g270-code --max-tokens 50000 --drafter-layers 16
     prep traces gemma3-270m --corpus pystdlib --features -o features/g270-code --max-tokens 40000
+    prep traces qwen2.5-coder-0.5b-instruct --features --feature-layers 2,12,23 -o features/qwen-top
     """
     from prep.drafter_recipe import features_budget
     from prep.trace_files import check_traces_folder
-    from prep.traces import TEACHER_BACKEND, build_traces, check_corpus, parse_layers
+    from prep.traces import TEACHER_BACKEND, build_traces, check_corpus, parse_feature_layers, parse_layers
     from runtime.backends import load_target
     from runtime.drafters.eagle_head import feature_layers
 
+    if feature_layers_text is not None and not features:
+        raise click.UsageError("--feature-layers chooses the layers of --features; add --features")
     recipe = load_recipe(model)
     cfg = overridden(recipe.router, corpus=corpus, max_tokens_per_text=max_tokens_per_text)
     if features:  # a draft head's data: by default what prep all --with-drafter's features folders hold
@@ -87,7 +93,13 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     check_corpus(cfg.corpus)
     check_traces_folder(out, "-o")
     loaded, target = load_target(model, TEACHER_BACKEND)
-    taps = feature_layers(loaded.config.num_hidden_layers) if features else ()
+    num_layers = loaded.config.num_hidden_layers
+    if not features:
+        taps = ()
+    elif feature_layers_text is None:
+        taps = feature_layers(num_layers)
+    else:
+        taps = parse_feature_layers(feature_layers_text, num_layers)
     index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
                          cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps,
                          workers=workers, model=model)
