@@ -76,11 +76,13 @@ def parse_layers(value) -> tuple[int, ...]:
     return tuple(int(n) for n in parts)
 
 
-def parse_feature_layers(value: str, num_layers: int) -> tuple[int, int, int]:
-    """--feature-layers: the three target layers, ascending, whose inputs an EAGLE-3 head reads (0..N-1 of N),
-    or a one-line ValueError naming the fix (the default, EAGLE-3's (2, N/2, N-3), as the example)."""
+def parse_feature_layers(value: str | None, num_layers: int) -> tuple[int, int, int]:
+    """--feature-layers: the three target layers, ascending, whose inputs an EAGLE-3 head reads (0..N-1 of N;
+    None: EAGLE-3's default (2, N/2, N-3)), or a one-line ValueError naming the fix (the default as the example)."""
     from runtime.drafters.eagle_head import feature_layers
 
+    if value is None:
+        return feature_layers(num_layers)
     example = ",".join(map(str, feature_layers(num_layers)))
     parts = comma_items(str(value), "--feature-layers", example)
     layers = [int(n) for n in parts if is_digits(n)]

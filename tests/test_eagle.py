@@ -75,27 +75,31 @@ def test_features_by_hand_default_to_the_recipes_data_settings(trained):
     assert index["max_tokens"] == RESPONSES_MAX_TOKENS and index["drafter_layers"] == []
 
 
-def test_features_are_the_residual_stream_entering_the_tapped_layers(trained):
-    session, features, _ = trained
+def assert_features_are_the_taps(session, features, layers: list[int]) -> None:
+    """The features folder holds `layers`' inputs: its first text's features equal a decoding cache's taps."""
     from prep.trace_files import load_traces
 
     index, t = load_traces(features, ["features", "input_ids", "doc"])
-    assert index["feature_layers"] == list(feature_layers(6)) == [2, 3, 3]
+    assert index["feature_layers"] == layers
     first = t["doc"] == t["doc"][0]
     ids = t["input_ids"][first].long()
     cache = session.target.new_cache()
-    cache.tap(tuple(index["feature_layers"]))
+    cache.tap(tuple(layers))
     session.target.forward(ids, cache)
     # Traces come from transformers' fp32 forward, the tap from the native ladder: the same model, to rounding.
     torch.testing.assert_close(cache.features[: ids.numel()], t["features"][first].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_features_are_the_residual_stream_entering_the_tapped_layers(trained):
+    session, features, _ = trained
+    assert list(feature_layers(6)) == [2, 3, 3]
+    assert_features_are_the_taps(session, features, [2, 3, 3])
 
 
 def test_feature_layers_choose_the_taps_the_head_is_trained_and_exported_with(trained, tmp_path):
     """prep traces --features --feature-layers L,M,H stores those layers' inputs; train-drafter takes its taps
     from the features, and export-drafter names them for vLLM and llama.cpp."""
     session, _, _ = trained
-    from prep.trace_files import load_traces
-
     model, corpus = session.artifact.path.parent / "model", session.artifact.path.parent / "corpus.json"
     features, art, out = tmp_path / "features", tmp_path / "art", tmp_path / "head"
     shutil.copytree(session.artifact.path, art)
@@ -105,13 +109,7 @@ def test_feature_layers_choose_the_taps_the_head_is_trained_and_exported_with(tr
         prep_ok(["train-drafter", art, "--features", features, "--draft-vocab", 48, "--epochs", 1, "--force",
                  "--devices", 1, "--accelerator", "cpu"])
         prep_ok(["export-drafter", art, "-o", out])
-    index, t = load_traces(features, ["features", "input_ids", "doc"])
-    assert index["feature_layers"] == [1, 3, 5]
-    first = t["doc"] == t["doc"][0]
-    cache = session.target.new_cache()
-    cache.tap((1, 3, 5))
-    session.target.forward(t["input_ids"][first].long(), cache)
-    torch.testing.assert_close(cache.features[: int(first.sum())], t["features"][first].float(), atol=2e-2, rtol=2e-2)
+    assert_features_are_the_taps(session, features, [1, 3, 5])
     assert open_session(art, backend="lean", progress=False).artifact.stage_params(Stage.DRAFTER)["feature_layers"] == [1, 3, 5]
     assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
 

@@ -80,7 +80,6 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     from prep.trace_files import check_traces_folder
     from prep.traces import TEACHER_BACKEND, build_traces, check_corpus, parse_feature_layers, parse_layers
     from runtime.backends import load_target
-    from runtime.drafters.eagle_head import feature_layers
 
     if feature_layers_text is not None and not features:
         raise click.UsageError("--feature-layers chooses the layers of --features; add --features")
@@ -93,13 +92,7 @@ def traces(model: str, corpus, out: str, max_tokens, shard_tokens: int, max_toke
     check_corpus(cfg.corpus)
     check_traces_folder(out, "-o")
     loaded, target = load_target(model, TEACHER_BACKEND)
-    num_layers = loaded.config.num_hidden_layers
-    if not features:
-        taps = ()
-    elif feature_layers_text is None:
-        taps = feature_layers(num_layers)
-    else:
-        taps = parse_feature_layers(feature_layers_text, num_layers)
+    taps = parse_feature_layers(feature_layers_text, loaded.config.num_hidden_layers) if features else ()
     index = build_traces(target, loaded.tokenizer, loaded.info.name, cfg.corpus, out, cfg.max_tokens, shard_tokens,
                          cfg.max_tokens_per_text, tuple(layers), force, feature_layers=taps,
                          workers=workers, model=model)
