@@ -53,17 +53,17 @@ void tile_pass(int64_t count, const uint8_t* tile, int64_t tb, int64_t rows, con
   constexpr int R = rows_for(N);
   const int64_t groups = rows / R, steps = cols / F::kQK, segment = kSegmentCols / F::kQK;
   if (steps <= segment) {  // one segment: the accumulators never leave registers
-    for (int64_t g = 0; g < groups; ++g) rows_dot<F, R, N>(tile + g * R * tb, tb, x, cols, false, y + g * R, ys);
+    for (int64_t g = 0; g < groups; ++g) rows_dot<F, R, N>(tile + g * R * tb, tb, x, cols, 0, y + g * R, ys);
   } else {
     Accumulators<R, N> acc[kMaxTileRows / R];
     for (int64_t g = 0; g < groups; ++g) acc[g].clear();
     for (int64_t k0 = 0; k0 < steps; k0 += segment) {
       for (int64_t g = 0; g < groups; ++g)
-        rows_dot_blocks<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, k0, std::min(k0 + segment, steps), false);
+        rows_dot_blocks<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, k0, std::min(k0 + segment, steps), 0);
     }
     for (int64_t g = 0; g < groups; ++g) rows_dot_finish<F, R, N>(acc[g], tile + g * R * tb, tb, x, cols, y + g * R, ys);
   }
-  for (int64_t i = groups * R; i < rows; ++i) rows_dot<F, 1, N>(tile + i * tb, tb, x, cols, false, y + i, ys);
+  for (int64_t i = groups * R; i < rows; ++i) rows_dot<F, 1, N>(tile + i * tb, tb, x, cols, 0, y + i, ys);
 }
 
 // Weight rows [begin, end) (at most one tile) against x [n, cols], many rows of x: the tile decoded

@@ -80,7 +80,7 @@ struct Accumulators {
 // other part's operations) and multiplied into part H of its accumulators.
 template <class D, int R, int N, int H>
 inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
-                          bool prefetch_ahead) {
+                          int64_t ahead) {
   using P = Part<Accumulators<R, N>::kParts, H>;
   auto a = acc.part[H];  // a local copy stays in registers (acc may alias x for the compiler)
   for (int64_t k = k0; k < k1; ++k) {
@@ -88,7 +88,7 @@ inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb,
     typename D::State state[R];
     SV_UNROLL
     for (int r = 0; r < R; ++r) {
-      if (prefetch_ahead) prefetch_block<D>(block + (kPrefetchRows + r) * rb);
+      if (ahead) prefetch_block<D>(block + (ahead + r) * rb);
       state[r] = D::prepare(block + r * rb);
     }
     SV_UNROLL
@@ -128,13 +128,13 @@ inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb,
 // Blocks [k0, k1) of R consecutive weight rows (stride rb bytes) against N rows of x [N, cols],
 // added to acc. Every (r, b) pair has its own two accumulators, so each output is summed in the
 // order above whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait.
-// With prefetch_ahead, each block of the rows kPrefetchRows further on is prefetched as this one is
-// read (in the first lane part: the second finds the rows in L1).
+// With ahead > 0, each block of the rows `ahead` further on is prefetched as this one is read (in
+// the first lane part: the second finds the rows in L1); 0: no prefetch.
 template <class D, int R, int N>
 inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
-                            bool prefetch_ahead) {
-  rows_dot_part<D, R, N, 0>(acc, w, rb, x, cols, k0, k1, prefetch_ahead);
-  if constexpr (Accumulators<R, N>::kParts > 1) rows_dot_part<D, R, N, 1>(acc, w, rb, x, cols, k0, k1, false);
+                            int64_t ahead) {
+  rows_dot_part<D, R, N, 0>(acc, w, rb, x, cols, k0, k1, ahead);
+  if constexpr (Accumulators<R, N>::kParts > 1) rows_dot_part<D, R, N, 1>(acc, w, rb, x, cols, k0, k1, 0);
 }
 
 // After the last whole block: the elementwise types' tail, or the blocks of a D::Tail, then
@@ -144,7 +144,7 @@ inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
   if constexpr (blocks::kHasTail<D>) {
     using Tail = typename D::Tail;
     const int64_t whole = cols / D::kQK;
-    if (cols % D::kQK) rows_dot_blocks<Tail, R, N>(acc, w + whole * D::kBytes, rb, x + whole * D::kQK, cols, 0, cols % D::kQK / Tail::kQK, false);
+    if (cols % D::kQK) rows_dot_blocks<Tail, R, N>(acc, w + whole * D::kBytes, rb, x + whole * D::kQK, cols, 0, cols % D::kQK / Tail::kQK, 0);
   }
   if constexpr (D::kElementwise) {
     for_tail(cols, [&](int64_t j, int64_t m) {
@@ -168,10 +168,10 @@ inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
 // R consecutive weight rows against N rows of x [N, cols]: y[b * ys + r] = <row r, x[b]>.
 // (decode_row walks the blocks the same way, one row, storing instead of multiplying.)
 template <class D, int R, int N>
-inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, bool prefetch_ahead, float* y, int64_t ys) {
+inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t ahead, float* y, int64_t ys) {
   Accumulators<R, N> acc;
   acc.clear();
-  rows_dot_blocks<D, R, N>(acc, w, rb, x, cols, 0, cols / D::kQK, prefetch_ahead);
+  rows_dot_blocks<D, R, N>(acc, w, rb, x, cols, 0, cols / D::kQK, ahead);
   rows_dot_finish<D, R, N>(acc, w, rb, x, cols, y, ys);
 }
 
@@ -179,7 +179,7 @@ inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols,
 // then the leftover rows, two at once where R is 3 (a chunk's 8 rows as 3 + 3 + 2, not 3 + 3 + 1 + 1:
 // qwen2.5-coder's 3-row forward ~8 % faster, its full head's 3-row pass ~20 %, on the AMD EPYC Zen 5),
 // then one at a time. Rows below prefetch_end (the matrix's end, past this chunk's: the next chunk
-// streams on; 0: none) are prefetched kPrefetchRows ahead.
+// streams on; 0: none) are prefetched prefetch_rows(rb) ahead.
 template <class D, int N>
 inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t begin, int64_t end, const float* x, int64_t cols,
                            int64_t prefetch_end, float* y, int64_t ys) {
@@ -187,15 +187,16 @@ inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t 
     if (count < N) return rows_dot_range<D, N - 1>(count, w, rb, begin, end, x, cols, prefetch_end, y, ys);
   }
   constexpr int R = rows_for(N);
+  const int64_t ahead = prefetch_rows(rb);
   int64_t i = begin;
-  for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, i + kPrefetchRows + R <= prefetch_end, y + i, ys);
+  for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, i + ahead + R <= prefetch_end ? ahead : 0, y + i, ys);
   if constexpr (R == 3) {
     if (i + 2 <= end) {
-      rows_dot<D, 2, N>(w + i * rb, rb, x, cols, i + kPrefetchRows + 2 <= prefetch_end, y + i, ys);
+      rows_dot<D, 2, N>(w + i * rb, rb, x, cols, i + ahead + 2 <= prefetch_end ? ahead : 0, y + i, ys);
       i += 2;
     }
   }
-  for (; i < end; ++i) rows_dot<D, 1, N>(w + i * rb, rb, x, cols, false, y + i, ys);
+  for (; i < end; ++i) rows_dot<D, 1, N>(w + i * rb, rb, x, cols, 0, y + i, ys);
 }
 
 // Rows of w decoded to float32: out[r, :] = dequantize(row r).

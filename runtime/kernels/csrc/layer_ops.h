@@ -29,7 +29,7 @@ static_assert(kMaxHeadsPerPass <= kMaxBatch, "an attention item's queries are sc
 // <a, b> over n floats: the skinny kernel's own order (gemm.h, an F32 row against one row of x).
 inline float dot(const float* a, const float* b, int64_t n) {
   float out;
-  gemm::rows_dot<blocks::F32, 1, 1>(reinterpret_cast<const uint8_t*>(a), 0, b, n, false, &out, 1);
+  gemm::rows_dot<blocks::F32, 1, 1>(reinterpret_cast<const uint8_t*>(a), 0, b, n, 0, &out, 1);
   return out;
 }
 
