@@ -77,17 +77,18 @@ def parse_layers(value) -> tuple[int, ...]:
 
 
 def parse_feature_layers(value: str | None, num_layers: int) -> tuple[int, int, int]:
-    """--feature-layers: the three target layers, ascending, whose inputs an EAGLE-3 head reads (0..N-1 of N;
-    None: EAGLE-3's default (2, N/2, N-3)), or a one-line ValueError naming the fix (the default as the example)."""
+    """--feature-layers: the three target layers, lowest first, whose inputs an EAGLE-3 head reads (0..N-1 of N;
+    one may repeat, as EAGLE-3's default (2, N/2, N-3) does on 6 layers; None: that default), or a one-line
+    ValueError naming the fix (the default as the example)."""
     from runtime.drafters.eagle_head import feature_layers
 
     if value is None:
         return feature_layers(num_layers)
     example = ",".join(map(str, feature_layers(num_layers)))
-    parts = comma_items(str(value), "--feature-layers", example)
+    parts = [part.strip() for part in str(value).split(",")]
     layers = [int(n) for n in parts if is_digits(n)]
     if len(parts) != 3 or len(layers) != 3 or layers != sorted(layers) or layers[-1] >= num_layers:
-        raise ValueError(f"--feature-layers takes three ascending layers in 0..{num_layers - 1} of this "
+        raise ValueError(f"--feature-layers takes three layers in 0..{num_layers - 1}, lowest first, of this "
                          f"{num_layers}-layer model (the head reads their inputs), e.g. {example}; not {value!r}")
     return layers[0], layers[1], layers[2]
 

@@ -18,6 +18,7 @@ from artifacts.format import Stage
 from prep.cli import main as prep_main
 from prep.drafter_train import chain_acceptance, mlp_width
 from prep.recipes import DEFAULTS
+from prep.traces import parse_feature_layers
 from runtime import api
 from runtime.backends.rows import Rows
 from runtime.common.sampling import SamplingParams
@@ -114,12 +115,21 @@ def test_feature_layers_choose_the_taps_the_head_is_trained_and_exported_with(tr
     assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
 
 
+@pytest.mark.parametrize("num_layers", [6, 7, 8, 24, 30])
+def test_the_default_feature_layers_are_a_value_the_option_takes(num_layers):
+    """EAGLE-3's default, written out, parses to itself, also where it names a layer twice (6 layers: 2,3,3)."""
+    default = feature_layers(num_layers)
+    assert parse_feature_layers(",".join(map(str, default)), num_layers) == default
+    assert parse_feature_layers(None, num_layers) == default
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--feature-layers", "1,3,5"], "add --features"),
-    (["--features", "--feature-layers", "3,1,5"], "three ascending layers in 0..5"),
-    (["--features", "--feature-layers", "1,3,6"], "three ascending layers in 0..5"),
+    (["--features", "--feature-layers", "3,1,5"], "three layers in 0..5, lowest first"),
+    (["--features", "--feature-layers", "1,3,6"], "three layers in 0..5, lowest first"),
     (["--features", "--feature-layers", "1,3"], "e.g. 2,3,3"),
-    (["--features", "--feature-layers", "1,x,5"], "three ascending layers"),
+    (["--features", "--feature-layers", "1,x,5"], "three layers in 0..5"),
+    (["--features", "--feature-layers", "1,,5"], "three layers in 0..5"),
 ])
 def test_bad_feature_layers_are_refused_in_one_line_before_any_write(trained, tmp_path, args, fragment):
     session, _, _ = trained

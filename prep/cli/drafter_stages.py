@@ -60,7 +60,7 @@ def lightning_options(command=None, *, precision_from_recipe: bool = False):
 @click.option("--features", is_flag=True,
               help="Also store the target's features an EAGLE-3 draft head reads (prep train-drafter): 3 layers, bfloat16.")
 @click.option("--feature-layers", "feature_layers_text", default=None,
-              help="With --features: the three layers whose inputs the head reads, ascending, e.g. 2,12,23 "
+              help="With --features: the three layers whose inputs the head reads, lowest first, e.g. 2,12,23 "
                    "(default: EAGLE-3's 2, N/2, N-3 of N layers).")
 @click.option("--workers", type=COUNT, default=None,
               help="Tracing processes, one thread and one core each (default: one per core, as memory allows).")
