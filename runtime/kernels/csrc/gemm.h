@@ -179,7 +179,7 @@ inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols,
 // then the leftover rows, two at once where R is 3 (a chunk's 8 rows as 3 + 3 + 2, not 3 + 3 + 1 + 1:
 // qwen2.5-coder's 3-row forward ~8 % faster, its full head's 3-row pass ~20 %, on the AMD EPYC Zen 5),
 // then one at a time. Rows below prefetch_end (the matrix's end, past this chunk's: the next chunk
-// streams on; 0: none) are prefetched prefetch_rows(rb) ahead for one or two rows of x, kPrefetchRows for more.
+// streams on; 0: none) are prefetched prefetch_rows(rb, N) ahead.
 template <class D, int N>
 inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t begin, int64_t end, const float* x, int64_t cols,
                            int64_t prefetch_end, float* y, int64_t ys) {
@@ -187,7 +187,7 @@ inline void rows_dot_range(int64_t count, const uint8_t* w, int64_t rb, int64_t 
     if (count < N) return rows_dot_range<D, N - 1>(count, w, rb, begin, end, x, cols, prefetch_end, y, ys);
   }
   constexpr int R = rows_for(N);
-  const int64_t ahead = N <= 2 ? prefetch_rows(rb) : kPrefetchRows;  // more rows of x: bound by the FMAs, not the stream
+  const int64_t ahead = prefetch_rows(rb, N);
   int64_t i = begin;
   for (; i + R <= end; i += R) rows_dot<D, R, N>(w + i * rb, rb, x, cols, i + ahead + R <= prefetch_end ? ahead : 0, y + i, ys);
   if constexpr (R == 3) {
