@@ -112,7 +112,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor factor, double eps) {
 // Value sums of H query heads over S 16-lane steps from lane i0, each (head, lane) its own chain over
 // the keys in order, as one head at a time sums it: o[h * hd + i0 + lane] = sum_j p[h * most + j] v_j[i0 + lane].
 // The heads share each value vector's load; H * S chains keep both FMA ports busy where one head's
-// few chains wait on FMA latency.
+// few chains wait on FMA latency. The slices of the values 8 KB ahead are prefetched (the cache of a
+// layer is read from memory once per token, as its weights are).
 template <int H, int S>
 inline void value_sums(const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, int64_t i0, float* o) {
   V acc[H][S];
@@ -122,7 +123,13 @@ inline void value_sums(const float* p, int64_t most, const float* vh, const std:
     for (int s = 0; s < S; ++s) acc[h][s] = zero();
   }
   const int64_t n = static_cast<int64_t>(seen.size());
+  constexpr int64_t kAhead = std::max<int64_t>(8, kPrefetchBytes / (64 * S));  // keys ahead: 8 KB of their slices
   for (int64_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) {
+      const float* later = vh + seen[j + kAhead] * hd + i0;
+      SV_UNROLL
+      for (int s = 0; s < S; ++s) prefetch(reinterpret_cast<const uint8_t*>(later + 16 * s));
+    }
     const float* value = vh + seen[j] * hd + i0;
     V v[S];
     SV_UNROLL
@@ -134,40 +141,33 @@ inline void value_sums(const float* p, int64_t most, const float* vh, const std:
       for (int s = 0; s < S; ++s) acc[h][s] = fma(weight, v[s], acc[h][s]);
     }
   }
+  SV_UNROLL
   for (int h = 0; h < H; ++h) {
-    for (int s = 0; s < S; ++s) {
-      float lanes[16];
-      store(lanes, acc[h][s]);
-      std::copy(lanes, lanes + std::min<int64_t>(16, hd - i0 - 16 * s), o + h * hd + i0 + 16 * s);
-    }
+    SV_UNROLL
+    for (int s = 0; s < S; ++s) store_first(o + h * hd + i0 + 16 * s, acc[h][s], std::min<int64_t>(16, hd - i0 - 16 * s));
   }
 }
 
-// value_sums of `heads` (1..H) heads over all hd lanes in one pass of S = hd / 16 steps.
-template <int S, int H>
-inline void value_heads(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
+// value_sums of `heads` (1..H) heads over one 64-lane slice (S = 4 steps) from lane i0.
+template <int H>
+inline void value_slice(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, int64_t i0,
+                        float* o) {
   if constexpr (H > 1) {
-    if (heads < H) return value_heads<S, H - 1>(heads, p, most, vh, seen, hd, o);
+    if (heads < H) return value_slice<H - 1>(heads, p, most, vh, seen, hd, i0, o);
   }
-  value_sums<H, S>(p, most, vh, seen, hd, 0, o);
+  value_sums<H, 4>(p, most, vh, seen, hd, i0, o);
 }
 
-// Query heads per value pass for head size hd: as many whole heads as kAccumulators chains hold
-// (hd = 64, 128 and 256 take the one-pass path), else 1.
-inline int64_t heads_per_pass(int64_t hd) {
-  return (hd == 64 || hd == 128 || hd == 256) && hd / 16 <= kAccumulators ? kAccumulators / (hd / 16) : 1;
-}
+// Query heads per attention item for head size hd: a multiple of 64 goes in 64-lane slices of four
+// steps, each slice of up to kAccumulators / 4 heads at once (they share its value loads, and their
+// scores share the keys' loads); any other size one head at a time.
+inline int64_t heads_per_pass(int64_t hd) { return hd % 64 == 0 ? kMaxHeadsPerPass : 1; }
 
 // The value sums of `heads` consecutive query heads (heads <= heads_per_pass(hd)) into o [heads, hd].
 inline void value_pass(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
-  if constexpr (kAccumulators >= 4) {
-    if (hd == 64) return value_heads<4, kAccumulators / 4>(heads, p, most, vh, seen, hd, o);
-  }
-  if constexpr (kAccumulators >= 8) {
-    if (hd == 128) return value_heads<8, kAccumulators / 8>(heads, p, most, vh, seen, hd, o);
-  }
-  if constexpr (kAccumulators >= 16) {
-    if (hd == 256) return value_heads<16, kAccumulators / 16>(heads, p, most, vh, seen, hd, o);
+  if (hd % 64 == 0) {
+    for (int64_t i0 = 0; i0 < hd; i0 += 64) value_slice<kMaxHeadsPerPass>(heads, p, most, vh, seen, hd, i0, o);
+    return;
   }
   for (int64_t h = 0; h < heads; ++h) {  // any other head size: one head, four steps (then one) per pass
     int64_t i0 = 0;
@@ -240,8 +240,9 @@ std::tuple<torch::Tensor, torch::Tensor> softmax(torch::Tensor scores, double sc
 // then extra[t][0..] up to the first -1 (a tree node's path), in that order. keys, values
 // [KV, capacity, hd]; head h reads kv head h / (H / KV). Per (t, h): scores <q, k_j> * scale,
 // p_j = exp(score_j - max) (exp_nonpositive), out = (sum_j p_j v_j, in key order) / (sum_j p_j). -> [T, H * hd]
-// The query heads that share a kv head go through the keys together (one rows_dot pass scores
-// them all, one value pass sums them), each (t, h) in the same order as alone.
+// The query heads that share a kv head go through the keys together (rows_dot passes score them all,
+// prefetching the keys ahead as a weight stream is; value_pass sums them in 64-lane slices), each
+// (t, h) in the same order as alone.
 torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch::Tensor values, torch::Tensor first, torch::Tensor end,
                      torch::Tensor extra, double scale) {
   check_float(qkv, 3, "qkv");
@@ -276,9 +277,11 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
   float* op = out.data_ptr<float>();
   const float scalef = static_cast<float>(scale);
   const int64_t group = heads / kv;
-  // Work items: (query t, kv head, a chunk of its query heads); chunks small enough that every thread gets items.
+  // Work items: (query t, kv head, a chunk of its query heads); with several threads, chunks small enough
+  // that every thread gets two items or more.
   int64_t chunk = std::min(group, heads_per_pass(hd));
-  while (chunk > 1 && count * kv * ((group + chunk - 1) / chunk) < 2 * sv_pool::instance()->threads()) chunk = (chunk + 1) / 2;
+  const int64_t threads = sv_pool::instance()->threads();
+  while (threads > 1 && chunk > 1 && count * kv * ((group + chunk - 1) / chunk) < 2 * threads) chunk = (chunk + 1) / 2;
   const int64_t chunks = (group + chunk - 1) / chunk;
   sv_pool::parallel_for(count * kv * chunks, std::max<int64_t>(1, 32768 / (most * hd * chunk)), [&](int64_t begin, int64_t stop) {
     std::vector<float> p(chunk * most);  // scores, then weights, of the chunk's heads: [chunk, most]
@@ -291,12 +294,12 @@ torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch
       const auto& seen = slots[t];
       const int64_t n = static_cast<int64_t>(seen.size());
       // Scores: the keys of each run of consecutive slots in rows_dot passes against the chunk's queries
-      // (each score is dot's value: the skinny kernel's order), then the scale.
+      // (each score is dot's value: the skinny kernel's order; the run's later keys prefetched), then the scale.
       for (int64_t j = 0; j < n;) {
         int64_t run = 1;
         while (j + run < n && seen[j + run] == seen[j] + run) ++run;
         gemm::rows_dot_range<blocks::F32, kMaxHeadsPerPass>(nh, reinterpret_cast<const uint8_t*>(kh + seen[j] * hd),
-                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, 0,
+                                                            hd * static_cast<int64_t>(sizeof(float)), 0, run, qr, hd, run,
                                                             p.data() + j, most);
         j += run;
       }
