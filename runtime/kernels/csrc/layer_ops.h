@@ -148,27 +148,38 @@ inline void value_sums(const float* p, int64_t most, const float* vh, const std:
   }
 }
 
-// value_sums of `heads` (1..H) heads over one 64-lane slice (S = 4 steps) from lane i0.
+// value_sums of `heads` (1..H) heads in slices of 16 S lanes, S the most steps (16, 8 or 4, dividing
+// hd / 16) whose chains for the heads fit kAccumulators: one head of 256 lanes in one pass, four heads
+// in four 64-lane passes that share each value slice's load.
 template <int H>
-inline void value_slice(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, int64_t i0,
-                        float* o) {
+inline void value_heads(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
   if constexpr (H > 1) {
-    if (heads < H) return value_slice<H - 1>(heads, p, most, vh, seen, hd, i0, o);
+    if (heads < H) return value_heads<H - 1>(heads, p, most, vh, seen, hd, o);
   }
-  value_sums<H, 4>(p, most, vh, seen, hd, i0, o);
+  constexpr int kFit = kAccumulators / H;  // steps per head that fit
+  if constexpr (kFit >= 16) {
+    if (hd % 256 == 0) {
+      for (int64_t i0 = 0; i0 < hd; i0 += 256) value_sums<H, 16>(p, most, vh, seen, hd, i0, o);
+      return;
+    }
+  }
+  if constexpr (kFit >= 8) {
+    if (hd % 128 == 0) {
+      for (int64_t i0 = 0; i0 < hd; i0 += 128) value_sums<H, 8>(p, most, vh, seen, hd, i0, o);
+      return;
+    }
+  }
+  for (int64_t i0 = 0; i0 < hd; i0 += 64) value_sums<H, 4>(p, most, vh, seen, hd, i0, o);
 }
 
-// Query heads per attention item for head size hd: a multiple of 64 goes in 64-lane slices of four
-// steps, each slice of up to kAccumulators / 4 heads at once (they share its value loads, and their
-// scores share the keys' loads); any other size one head at a time.
+// Query heads per attention item for head size hd: a multiple of 64 takes up to kMaxHeadsPerPass
+// heads at once (their scores share the keys' loads, their value sums each value slice's); any other
+// size one head at a time.
 inline int64_t heads_per_pass(int64_t hd) { return hd % 64 == 0 ? kMaxHeadsPerPass : 1; }
 
 // The value sums of `heads` consecutive query heads (heads <= heads_per_pass(hd)) into o [heads, hd].
 inline void value_pass(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
-  if (hd % 64 == 0) {
-    for (int64_t i0 = 0; i0 < hd; i0 += 64) value_slice<kMaxHeadsPerPass>(heads, p, most, vh, seen, hd, i0, o);
-    return;
-  }
+  if (hd % 64 == 0) return value_heads<kMaxHeadsPerPass>(heads, p, most, vh, seen, hd, o);
   for (int64_t h = 0; h < heads; ++h) {  // any other head size: one head, four steps (then one) per pass
     int64_t i0 = 0;
     for (; i0 + 64 <= hd; i0 += 64) value_sums<1, 4>(p + h * most, most, vh, seen, hd, i0, o + h * hd);
