@@ -252,8 +252,8 @@ std::tuple<torch::Tensor, torch::Tensor> softmax(torch::Tensor scores, double sc
 // [KV, capacity, hd]; head h reads kv head h / (H / KV). Per (t, h): scores <q, k_j> * scale,
 // p_j = exp(score_j - max) (exp_nonpositive), out = (sum_j p_j v_j, in key order) / (sum_j p_j). -> [T, H * hd]
 // The query heads that share a kv head go through the keys together (rows_dot passes score them all,
-// prefetching the keys ahead as a weight stream is; value_pass sums them in 64-lane slices), each
-// (t, h) in the same order as alone.
+// prefetching the keys ahead as a weight stream is; value_pass sums them in slices of the lanes that
+// all their chains fit), each (t, h) in the same order as alone.
 torch::Tensor attend(torch::Tensor qkv, int64_t heads, torch::Tensor keys, torch::Tensor values, torch::Tensor first, torch::Tensor end,
                      torch::Tensor extra, double scale) {
   check_float(qkv, 3, "qkv");
