@@ -23,7 +23,7 @@ namespace ops {
 
 using namespace simd;
 
-constexpr int kMaxHeadsPerPass = std::max(1, kAccumulators / 4);  // query heads of one attention item (hd = 64 fits the most)
+constexpr int kMaxHeadsPerPass = std::min(4, kAccumulators);  // query heads of one attention item (their value chains: one 16-lane step each at least)
 static_assert(kMaxHeadsPerPass <= kMaxBatch, "an attention item's queries are scored in one rows_dot pass");
 
 // <a, b> over n floats: the skinny kernel's own order (gemm.h, an F32 row against one row of x).
@@ -148,9 +148,10 @@ inline void value_sums(const float* p, int64_t most, const float* vh, const std:
   }
 }
 
-// value_sums of `heads` (1..H) heads in slices of 16 S lanes, S the most steps (16, 8 or 4, dividing
-// hd / 16) whose chains for the heads fit kAccumulators: one head of 256 lanes in one pass, four heads
-// in four 64-lane passes that share each value slice's load.
+// value_sums of `heads` (1..H) heads in slices of 16 S lanes, S the most steps (16, 8, 4, 2 or 1,
+// dividing hd / 16) whose chains for the heads fit kAccumulators: on AVX-512 one head of 256 lanes in
+// one pass, four heads in four 64-lane passes that share each value slice's load; on AVX2 four heads
+// in 16-lane slices.
 template <int H>
 inline void value_heads(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
   if constexpr (H > 1) {
@@ -169,7 +170,13 @@ inline void value_heads(int64_t heads, const float* p, int64_t most, const float
       return;
     }
   }
-  for (int64_t i0 = 0; i0 < hd; i0 += 64) value_sums<H, 4>(p, most, vh, seen, hd, i0, o);
+  if constexpr (kFit >= 4) {
+    for (int64_t i0 = 0; i0 < hd; i0 += 64) value_sums<H, 4>(p, most, vh, seen, hd, i0, o);
+  } else if constexpr (kFit >= 2) {
+    for (int64_t i0 = 0; i0 < hd; i0 += 32) value_sums<H, 2>(p, most, vh, seen, hd, i0, o);
+  } else {
+    for (int64_t i0 = 0; i0 < hd; i0 += 16) value_sums<H, 1>(p, most, vh, seen, hd, i0, o);
+  }
 }
 
 // Query heads per attention item for head size hd: a multiple of 64 takes up to kMaxHeadsPerPass
