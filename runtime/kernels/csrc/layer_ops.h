@@ -148,35 +148,29 @@ inline void value_sums(const float* p, int64_t most, const float* vh, const std:
   }
 }
 
-// value_sums of `heads` (1..H) heads in slices of 16 S lanes, S the most steps (16, 8, 4, 2 or 1,
-// dividing hd / 16) whose chains for the heads fit kAccumulators: on AVX-512 one head of 256 lanes in
-// one pass, four heads in four 64-lane passes that share each value slice's load; on AVX2 four heads
-// in 16-lane slices.
+// value_sums of H heads over all hd lanes (a multiple of 64) in slices of 16 S lanes: S the most steps,
+// from 16 down by halves, whose chains for the heads fit kAccumulators and that divide hd / 16. On
+// AVX-512 one head of 256 lanes takes one pass, four heads four 64-lane passes that share each value
+// slice's load; on AVX2 four heads take 16-lane slices.
+template <int H, int S = 16>
+inline void value_slices(const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
+  if constexpr (S > 1 && H * S > kAccumulators) {
+    return value_slices<H, S / 2>(p, most, vh, seen, hd, o);
+  } else {
+    if constexpr (S > 1) {
+      if (hd % (16 * S) != 0) return value_slices<H, S / 2>(p, most, vh, seen, hd, o);
+    }
+    for (int64_t i0 = 0; i0 < hd; i0 += 16 * S) value_sums<H, S>(p, most, vh, seen, hd, i0, o);
+  }
+}
+
+// value_slices of `heads` (1..H) heads.
 template <int H>
 inline void value_heads(int64_t heads, const float* p, int64_t most, const float* vh, const std::vector<int64_t>& seen, int64_t hd, float* o) {
   if constexpr (H > 1) {
     if (heads < H) return value_heads<H - 1>(heads, p, most, vh, seen, hd, o);
   }
-  constexpr int kFit = kAccumulators / H;  // steps per head that fit
-  if constexpr (kFit >= 16) {
-    if (hd % 256 == 0) {
-      for (int64_t i0 = 0; i0 < hd; i0 += 256) value_sums<H, 16>(p, most, vh, seen, hd, i0, o);
-      return;
-    }
-  }
-  if constexpr (kFit >= 8) {
-    if (hd % 128 == 0) {
-      for (int64_t i0 = 0; i0 < hd; i0 += 128) value_sums<H, 8>(p, most, vh, seen, hd, i0, o);
-      return;
-    }
-  }
-  if constexpr (kFit >= 4) {
-    for (int64_t i0 = 0; i0 < hd; i0 += 64) value_sums<H, 4>(p, most, vh, seen, hd, i0, o);
-  } else if constexpr (kFit >= 2) {
-    for (int64_t i0 = 0; i0 < hd; i0 += 32) value_sums<H, 2>(p, most, vh, seen, hd, i0, o);
-  } else {
-    for (int64_t i0 = 0; i0 < hd; i0 += 16) value_sums<H, 1>(p, most, vh, seen, hd, i0, o);
-  }
+  value_slices<H>(p, most, vh, seen, hd, o);
 }
 
 // Query heads per attention item for head size hd: a multiple of 64 takes up to kMaxHeadsPerPass
