@@ -8,7 +8,8 @@
 // exactly (the dequantized float) before its FMA, so a block format gives the same bits as the
 // fp32 kernel on `dequantize(w)`. Each weight row streams from memory once per pass over up to
 // kMaxBatch rows of x; rows_for(n) weight rows share a pass (independent chains), covered in
-// parts_for(n) lane parts (AVX2 above three rows of x: lanes 0..7, then 8..15, the row then in L1).
+// parts_for(n, kPartsFrom) lane parts (AVX2 from four rows of x, three for Q5_0 lanes: lanes 0..7, then
+// 8..15, the row then in L1).
 #pragma once
 
 #include <algorithm>
@@ -39,11 +40,12 @@ inline void for_tail(int64_t cols, F&& step) {
 }
 
 // The two accumulators of each (weight row r, x row b) pair of a rows_dot pass, per lane part
-// (simd::parts_for: on AVX2 above three rows of x a pass covers its weight rows twice, 8 lanes at a
+// (simd::parts_for: on AVX2 from four rows of x a pass covers its weight rows twice, 8 lanes at a
 // time, so the accumulators fit in registers; each lane's chain of FMAs is the same either way).
-template <int R, int N>
+// P parts: the decoder's (rows_dot); a D::Tail's blocks add into its parent's accumulators.
+template <int R, int N, int P = parts_for(N, 4)>
 struct Accumulators {
-  static constexpr int kParts = parts_for(N);
+  static constexpr int kParts = P;
   static_assert(kParts == 1 || kParts == 2, "a row is covered in one or two lane parts");
   using T = typename Part<kParts, 0>::T;  // (the same type for every part)
   struct Lanes { T v[R][N][2]; };
@@ -78,10 +80,10 @@ struct Accumulators {
 
 // rows_dot_blocks for lane part H: each weight value's part H is decoded (the compiler drops the
 // other part's operations) and multiplied into part H of its accumulators.
-template <class D, int R, int N, int H>
-inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
+template <class D, int R, int N, int Parts, int H>
+inline void rows_dot_part(Accumulators<R, N, Parts>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
                           int64_t ahead) {
-  using P = Part<Accumulators<R, N>::kParts, H>;
+  using P = Part<Parts, H>;
   auto a = acc.part[H];  // a local copy stays in registers (acc may alias x for the compiler)
   for (int64_t k = k0; k < k1; ++k) {
     const uint8_t* block = w + k * D::kBytes;
@@ -97,7 +99,7 @@ inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb,
       V w[R][2];
       SV_UNROLL
       for (int r = 0; r < R; ++r) D::chunk(state[r], block + r * rb, c, w[r][0], w[r][1]);
-      if constexpr (Accumulators<R, N>::kParts == 1) {
+      if constexpr (Parts == 1) {
         SV_UNROLL
         for (int b = 0; b < N; ++b) {
           // Each x vector loaded once into a register for the R rows (GCC would fold it into every FMA).
@@ -130,17 +132,17 @@ inline void rows_dot_part(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb,
 // order above whatever R and N are; R > 1 gives the core independent rows to decode while FMAs wait.
 // With ahead > 0, each block of the rows `ahead` further on is prefetched as this one is read (in
 // the first lane part: the second finds the rows in L1); 0: no prefetch.
-template <class D, int R, int N>
-inline void rows_dot_blocks(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
+template <class D, int R, int N, int P>
+inline void rows_dot_blocks(Accumulators<R, N, P>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t k0, int64_t k1,
                             int64_t ahead) {
-  rows_dot_part<D, R, N, 0>(acc, w, rb, x, cols, k0, k1, ahead);
-  if constexpr (Accumulators<R, N>::kParts > 1) rows_dot_part<D, R, N, 1>(acc, w, rb, x, cols, k0, k1, 0);
+  rows_dot_part<D, R, N, P, 0>(acc, w, rb, x, cols, k0, k1, ahead);
+  if constexpr (P > 1) rows_dot_part<D, R, N, P, 1>(acc, w, rb, x, cols, k0, k1, 0);
 }
 
 // After the last whole block: the elementwise types' tail, or the blocks of a D::Tail, then
 // y[b * ys + r] = reduce(acc0 + acc1).
-template <class D, int R, int N>
-inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, float* y, int64_t ys) {
+template <class D, int R, int N, int P>
+inline void rows_dot_finish(Accumulators<R, N, P>& acc, const uint8_t* w, int64_t rb, const float* x, int64_t cols, float* y, int64_t ys) {
   if constexpr (blocks::kHasTail<D>) {
     using Tail = typename D::Tail;
     const int64_t whole = cols / D::kQK;
@@ -169,7 +171,7 @@ inline void rows_dot_finish(Accumulators<R, N>& acc, const uint8_t* w, int64_t r
 // (decode_row walks the blocks the same way, one row, storing instead of multiplying.)
 template <class D, int R, int N>
 inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t ahead, float* y, int64_t ys) {
-  Accumulators<R, N> acc;
+  Accumulators<R, N, parts_for(N, blocks::kPartsFrom<D>)> acc;
   acc.clear();
   rows_dot_blocks<D, R, N>(acc, w, rb, x, cols, 0, cols / D::kQK, ahead);
   rows_dot_finish<D, R, N>(acc, w, rb, x, cols, y, ys);

@@ -1,7 +1,7 @@
 // Lane parts of a 16-lane vector: the unit a gemm.h pass multiplies and accumulates in.
 //
 // Included inside namespace simd by every simd_*.h, after its ops. Part<1, 0> is the whole vector
-// (every path); simd_avx2.h adds Part<2, H>, lanes 8H..8H+7, and parts_for picks per rows of x.
+// (every path); simd_avx2.h adds Part<2, H>, lanes 8H..8H+7, and parts_for picks per rows of x and decoder.
 #pragma once
 
 template <int Parts, int H>

@@ -16,11 +16,12 @@ constexpr const char* kPath = "avx2";
 constexpr int kAccumulators = 6;  // accumulator vectors a kernel may keep in registers (12 of 16 ymm)
 constexpr int kMaxBatch = 6;  // activation rows per pass (above 3 in two lane parts: 12 of the 16 ymm registers accumulate)
 constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
-// Lane parts per pass for n rows of x: one (all 16 lanes, 4 ymm per row of x) up to three rows, then
+// Lane parts per pass for n rows of x: one (all 16 lanes, 4 ymm per row of x) below `from` rows, then
 // two passes of 8 lanes over each weight row (2 ymm per row of x), the second from L1: 4-6 rows then
 // stream and decode the weights once instead of twice (3 + n - 3 rows), e.g. qwen2.5-coder's verify
-// of 4 rows 2.10x -> 1.64x the time of one.
-constexpr int parts_for(int n) { return n <= 3 ? 1 : 2; }
+// of 4 rows 2.10x -> 1.64x the time of one. `from` is the decoder's (blocks::kPartsFrom): 4, or 3
+// where a three-row whole-vector pass spills its registers.
+constexpr int parts_for(int n, int from) { return n < from ? 1 : 2; }
 // More rows of x than this take the tiled path (bindings.h: run_tall, the same bits). On the AMD EPYC
 // Zen 3 the skinny passes cost ~25 ms a row of qwen2.5-coder's forward past two rows, the tiles ~19:
 // tiles from 8 rows ran 0.96x / 0.88x / 0.72-0.85x the time at 8 / 12 / 16 rows on one and two threads,

@@ -25,7 +25,7 @@ constexpr int kMaxBatch = 6;
 // Weight rows R per pass for n (<= kMaxBatch) rows of x: independent rows to decode while FMAs
 // wait, R * n * 2 accumulators (at most 24 of the 32 zmm registers).
 constexpr int rows_for(int n) { return n <= 2 ? 4 : n == 3 ? 3 : 2; }
-constexpr int parts_for(int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
+constexpr int parts_for(int, int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
 // More rows of x than this take the tiled path (bindings.h: run_tall, the same bits). On the AMD EPYC
 // Zen 5 the skinny passes stayed ahead of the tiles to about 32 rows: tiles / skinny at 17-32 rows
 // 1.02-1.21x the time on qwen2.5-coder, 0.96-1.10x on gemma3-270m, 0.99-1.23x on smollm2-135m (one

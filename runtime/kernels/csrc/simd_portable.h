@@ -13,7 +13,7 @@ namespace simd {
 constexpr const char* kPath = "portable";
 constexpr int kAccumulators = 8;  // accumulator vectors per pass (no registers to fit: any count works)
 constexpr int kMaxBatch = 4;
-constexpr int parts_for(int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
+constexpr int parts_for(int, int) { return 1; }  // lane parts per pass (parts.h): always the whole vector
 constexpr int64_t kTallMinRows = 16;  // more rows of x than this take the tiled path (bindings.h: run_tall)
 constexpr int rows_for(int n) { return n == 1 ? 2 : 1; }  // weight rows per pass for n rows of x
 
