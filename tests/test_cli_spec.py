@@ -128,6 +128,29 @@ def test_bench_verify_prints_the_ratio_table(artifact: Path, tmp_path: Path):
     assert short.exit_code != 0 and "--context" in short.output and "Traceback" not in short.output
 
 
+def test_bench_verify_says_what_its_full_head_rows_mean(artifact: Path, tmp_path: Path, monkeypatch):
+    """A near-tie in the fixed text sends a row to the full head in every repeat: the table gets the
+    column and a line saying why those T_V(n) are high and how to move the text."""
+    import runtime.bench.verify_cost as verify_cost_module
+
+    timed = verify_cost_module.verify_cost
+
+    def with_a_near_tie(*args, **kwargs):
+        rows = timed(*args, **kwargs)
+        rows[1]["head_fallbacks"] = 1.0  # n = 2: one row per forward to the full head
+        return rows
+
+    monkeypatch.setattr(verify_cost_module, "verify_cost", with_a_near_tie)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"text": " ".join(f"w{4 + i % 200}" for i in range(60))}]))
+    result = invoke(["bench-verify", artifact, "--head", "csv", "--prompts", prompts, "--context", 20,
+                     "--max-n", 2, "--repeats", 1])
+    assert result.exit_code == 0, result.output
+    assert "| full-head rows |" in result.stdout
+    note = next(line for line in result.stdout.splitlines() if line.startswith("full-head rows:"))
+    assert "near-tie" in note and "--context" in note
+
+
 def test_bench_rows_carry_draft_verify_cost_and_predicted_throughput(artifact: Path, tmp_path: Path):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"text": PROMPT}, {"text": "w7 w8 hi w7 w8"}]))

@@ -298,7 +298,8 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     tree_rows = tree_verify_cost(session.target, head, tokens, context, sizes, repeats=repeats) if sizes else []
     columns = [("n", "n", "{}"), ("forward_ms", "forward ms", "{:.2f}"), ("head_ms", "head ms", "{:.2f}"),
                ("total_ms", "T_V(n) ms", "{:.2f}"), ("ratio", "T_V(n) / T_V(1)", "{:.2f}x")]
-    if any(row["head_fallbacks"] for row in rows):  # a near-tie position: its full-head pass is in every timing
+    near_ties = any(row["head_fallbacks"] for row in rows)  # a near-tie position: its full-head pass is in every timing
+    if near_ties:
         columns.insert(3, ("head_fallbacks", "full-head rows", "{:.1f}"))
     label = f"csv:{bound}" if head_kind == "csv" else "full"
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
@@ -307,6 +308,10 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
               markdown_rows(rows, columns),
               "best gamma with a free drafter (n-gram): " + ", ".join(
                   f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items())]
+    if near_ties:
+        report.insert(2, "full-head rows: rows per forward the certified head sent to the full head (a near-tie "
+                         "in this text, met in every repeat; a decoding loop meets few: `runtime bench`'s fallback "
+                         "column), so their T_V(n) holds a full-head pass; another --context moves the text")
     if tree_rows:
         report += ["token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) here is a "
                    "one-token step timed between the trees (interleaved with them, not the table above)",
