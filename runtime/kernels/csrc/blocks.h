@@ -238,7 +238,7 @@ struct Q5_0Lanes {
   static constexpr bool kElementwise = false;
   // AVX2: lane parts from three rows of x (simd::parts_for). Its whole-vector three-row pass spills
   // and ran about as long as four rows in two parts (qwen2.5-coder's ffn_gate, ~1.4 ms); in parts,
-  // 8-15 % faster. The K-quants' lanes ran 0-7 % slower in parts at three rows, so they keep 4.
+  // 8-15 % faster. The K-quants' lanes (0-7 %) and Q8_0 (12-18 %) ran slower in parts at three rows: they keep 4.
   static constexpr int kPartsFrom = 3;
   using Tail = Q5_0;
   struct State { I q; };
