@@ -306,12 +306,11 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
     report = [f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
               f"{decode_threads()} threads, median of {repeats}",
               markdown_rows(rows, columns),
+              *(["full-head rows: rows per forward the certified head sent to the full head (a near-tie in this "
+                 "text, met in every repeat; a decoding loop meets few: `runtime bench`'s fallback column), so "
+                 "their T_V(n) holds a full-head pass; another --context moves the text"] if near_ties else []),
               "best gamma with a free drafter (n-gram): " + ", ".join(
                   f"acceptance {alpha:.0%} -> gamma {g} ({speedup:.2f}x)" for alpha, (g, speedup) in choices.items())]
-    if near_ties:
-        report.insert(2, "full-head rows: rows per forward the certified head sent to the full head (a near-tie "
-                         "in this text, met in every repeat; a decoding loop meets few: `runtime bench`'s fallback "
-                         "column), so their T_V(n) holds a full-head pass; another --context moves the text")
     if tree_rows:
         report += ["token trees: one tree forward over the last token + N nodes, greedy tree verifier; T_V(1) here is a "
                    "one-token step timed between the trees (interleaved with them, not the table above)",

@@ -42,8 +42,9 @@ inline void for_tail(int64_t cols, F&& step) {
 // The two accumulators of each (weight row r, x row b) pair of a rows_dot pass, per lane part
 // (simd::parts_for: on AVX2 from four rows of x a pass covers its weight rows twice, 8 lanes at a
 // time, so the accumulators fit in registers; each lane's chain of FMAs is the same either way).
-// P parts: the decoder's (rows_dot); a D::Tail's blocks add into its parent's accumulators.
-template <int R, int N, int P = parts_for(N, 4)>
+// P parts: the decoder's (parts_for(N, blocks::kPartsFrom<D>)); a D::Tail's blocks add into its
+// parent's accumulators.
+template <int R, int N, int P>
 struct Accumulators {
   static constexpr int kParts = P;
   static_assert(kParts == 1 || kParts == 2, "a row is covered in one or two lane parts");
