@@ -316,7 +316,7 @@ class Engine:
         from runtime.bench.perplexity import perplexities
         from runtime.bench.provenance import provenance
         from runtime.bench.runner import run_bench, summarize
-        from runtime.kernels import decode_threads, kernel_name, thread_stats
+        from runtime.kernels import decode_threads, thread_stats
 
         max_new_tokens, seed = _check_counts(max_new_tokens, seed)
         require(isinstance(chat, bool), "chat", "True or False", chat)
@@ -351,7 +351,7 @@ class Engine:
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "epsilon": sampling.epsilon, "seed": seed, "chat": chat, "min_response_tokens": guard,
                 "drafter_session": "kept across prompts" if keep_session else "new per prompt",
-                **threads, "screen_kernel": kernel_name(),
+                **threads,
                 "backend": self.session.target.name, "peak_rss_mib": rss,
                 "energy_counters": meter.description, **_llamacpp_builds(built), **provenance(),
             },

@@ -286,7 +286,7 @@ def test_bench_writes_json_markdown_and_png(artifact: Path, tmp_path: Path):
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from runtime.bench.provenance import provenance
 
-    assert {key: record["setup"][key] for key in ("code", "cpu")} == provenance()  # where the figures come from
+    assert {key: record["setup"][key] for key in ("code", "cpu", "screen_kernel")} == provenance()  # where the figures come from
     summary = invoke(runtime_main, ["bench-summary", out])
     assert summary.exit_code == 0, summary.output
     assert "| 3 of 3 |" in summary.stdout and f"- {out}: code" in summary.stdout  # ar and both csv bounds = ar

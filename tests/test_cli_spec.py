@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from factories import tiny_artifact
 from runtime.cli import main as runtime_main
+from runtime.kernels import kernel_name
 from runtime.kernels.build import cpu_description
 
 # The tiny tokenizer is word-level: the template joins the turns and ends with a generation prompt.
@@ -124,6 +125,7 @@ def test_bench_verify_prints_the_ratio_table(artifact: Path, tmp_path: Path):
         assert [row["n"] for row in record["rows"]] == [1, 2, 3, 4] and record["rows"][0]["ratio"] == 1.0
         assert record["setup"]["head"] == ("full" if head == "full" else "csv:screen")
         assert record["setup"]["cpu"] == cpu_description() and "code" in record["setup"]  # which machine and commit
+        assert record["setup"]["screen_kernel"] == kernel_name() and f"({kernel_name()} kernels)" in result.stdout  # which path ran
     short = invoke(["bench-verify", artifact, "--prompts", prompts, "--context", 100])
     assert short.exit_code != 0 and "--context" in short.output and "Traceback" not in short.output
 

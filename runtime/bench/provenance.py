@@ -1,11 +1,13 @@
-"""Where a bench record comes from: the code's git commit and the CPU, kept in every record's setup so
-that figures from different machines and commits are never mixed up."""
+"""Where a bench record comes from: the code's git commit, the CPU and the kernel path that ran, kept in
+every record's setup so that figures from different machines, commits and paths (AVX2 on an AVX-512
+CPU, `SPECVOCAB_KERNELS=avx2`) are never mixed up."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+from runtime.kernels import kernel_name
 from runtime.kernels.build import cpu_description
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding runtime/ (prep/, tests/ ...)
@@ -29,5 +31,6 @@ def code_version() -> str | None:
 
 
 def provenance() -> dict:
-    """{"code": code_version(), "cpu": cpu_description()} for a bench record's setup."""
-    return {"code": code_version(), "cpu": cpu_description()}
+    """{"code": code_version(), "cpu": cpu_description(), "screen_kernel": kernel_name()} for a bench
+    record's setup ("screen_kernel": the kernel path every kernel ran on, the key bench-summary reads)."""
+    return {"code": code_version(), "cpu": cpu_description(), "screen_kernel": kernel_name()}

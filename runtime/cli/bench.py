@@ -14,7 +14,7 @@ from runtime.bench.screen_bits import FORMATS as SCREEN_FORMATS
 from runtime.common.checks import comma_items, is_digits
 from runtime.cli import values
 from runtime.cli.group import check_min_response, clean_errors, main, min_response_option, model_options, sampling_options, sampling_params
-from runtime.kernels import SKINNY_MAX_ROWS, decode_threads
+from runtime.kernels import SKINNY_MAX_ROWS, decode_threads, kernel_name
 from runtime.heads import BOUNDS
 from runtime.methods import methods_help
 
@@ -303,8 +303,8 @@ def bench_verify(artifact, head_kind, bound, prompt_source, context, max_n, repe
         columns.insert(3, ("head_fallbacks", "full-head rows", "{:.1f}"))
     label = f"csv:{bound}" if head_kind == "csv" else "full"
     choices = {alpha: best_gamma(rows, alpha) for alpha in (0.3, 0.5, 0.7, 0.9)}
-    report = [f"{session.model.info.name}, {session.target.name} backend, head {label}, cache {context} tokens, "
-              f"{decode_threads()} threads, median of {repeats}",
+    report = [f"{session.model.info.name}, {session.target.name} backend ({kernel_name()} kernels), head {label}, "
+              f"cache {context} tokens, {decode_threads()} threads, median of {repeats}",
               markdown_rows(rows, columns),
               *(["full-head rows: rows per forward the certified head sent to the full head (a near-tie in this "
                  "text, met in every repeat; a decoding loop meets few: `runtime bench`'s fallback column), so "
