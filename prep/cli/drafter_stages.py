@@ -17,8 +17,8 @@ from runtime.cli.values import COUNT, Integer, Number
 
 
 PRECISION_HELP = "Lightning precision (32-true, bf16-mixed, ...)"
-RECIPE_PRECISION_HELP = (f"{PRECISION_HELP}, or auto: bf16-mixed where the CPU multiplies bfloat16 natively "
-                         "(AVX512-BF16, AMX-BF16), else 32-true (default: the recipe's)")
+RECIPE_PRECISION_HELP = (f"{PRECISION_HELP}, or auto: bf16-mixed on a GPU or a CPU with AVX512-BF16 but no AMX, "
+                         "else 32-true (default: the recipe's)")
 
 
 def lightning_options(command=None, *, precision_from_recipe: bool = False):
@@ -128,6 +128,7 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     from prep.router_train import RouterConfig, hidden_key, train_router
     from prep.router_trainer import lightning_flags
     from prep.trace_files import traces_of
+    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
     flags = lightning_flags(devices, accelerator, precision, strategy)
@@ -165,6 +166,7 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
     """
     from prep.gp_basis import build_gp_basis, check_rank, trace_texts
     from prep.trace_files import traces_of
+    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
     with stages.adding_stage(artifact, Stage.GP, force) as art:
@@ -246,7 +248,7 @@ def train_drafter_command(artifact: str, folders: tuple[str, ...], draft_vocab, 
             traces_of(folder, art.model.name, art.model.vocab_size)
         cfg = overridden(load_recipe(art.model.name).drafter, draft_vocab=draft_vocab, steps=steps, epochs=epochs,
                          lr=lr, precision=precision)
-        flags = lightning_flags(devices, accelerator, training_precision(cfg.precision, cpu_flags()), strategy)
+        flags = lightning_flags(devices, accelerator, training_precision(cfg.precision, accelerator, cpu_flags()), strategy)
         session = open_session(artifact, backend="transformers")  # training reads the fp32 weights
         config = DrafterConfig.from_recipe(cfg, intermediate_size=intermediate, seed=seed, trainer_flags=flags)
         params = train_drafter(session, list(folders), work_dir or Path(folders[0]) / "drafter-train", config, force)
@@ -287,6 +289,7 @@ def train_drafter_router_command(artifact: str, folders: tuple[str, ...], cluste
     from prep.drafter_router import DrafterRouterConfig, train_drafter_router
     from prep.router_trainer import lightning_flags
     from prep.trace_files import traces_of
+    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
     flags = lightning_flags(devices, accelerator, precision, strategy)
