@@ -128,7 +128,6 @@ def train_router_command(artifact: str, traces_dir: str, clusters, hidden, loss,
     from prep.router_train import RouterConfig, hidden_key, train_router
     from prep.router_trainer import lightning_flags
     from prep.trace_files import traces_of
-    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
     flags = lightning_flags(devices, accelerator, precision, strategy)
@@ -166,7 +165,6 @@ def gp_basis(artifact: str, rank, traces_dir, max_tokens: int, mlp: bool, force:
     """
     from prep.gp_basis import build_gp_basis, check_rank, trace_texts
     from prep.trace_files import traces_of
-    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
     with stages.adding_stage(artifact, Stage.GP, force) as art:
@@ -289,7 +287,6 @@ def train_drafter_router_command(artifact: str, folders: tuple[str, ...], cluste
     from prep.drafter_router import DrafterRouterConfig, train_drafter_router
     from prep.router_trainer import lightning_flags
     from prep.trace_files import traces_of
-    from runtime.kernels import cpu_flags
     from runtime.session import open_session
 
     flags = lightning_flags(devices, accelerator, precision, strategy)
