@@ -62,7 +62,7 @@ def test_train_drafter_trains_at_the_recipe_precision(trained):
     from prep.drafter_recipe import training_precision
     from runtime.kernels import cpu_flags
 
-    expected = training_precision(DEFAULTS.drafter.precision, cpu_flags())  # the tiny model has no recipe
+    expected = training_precision(DEFAULTS.drafter.precision, "cpu", cpu_flags())  # the tiny model has no recipe; trained on the cpu
     assert session.artifact.stage_params(Stage.DRAFTER)["precision"] == expected
 
 
