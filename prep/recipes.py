@@ -90,7 +90,7 @@ class DrafterRecipe:
     # (sharegpt, pystdlib, pyfunctions), and raw text, "CORPUS:TOKENS" (sharegpt, pystdlib; never HumanEval)
     responses: tuple[str, ...] = ("pyfunctions:100", "sharegpt:100")
     corpora: tuple[str, ...] = ()
-    precision: str = "auto"  # Lightning's; auto: bf16-mixed on a GPU or a CPU with AVX512-BF16 but no AMX, else 32-true
+    precision: str = "auto"  # Lightning's; auto: bf16-mixed on a CUDA GPU or a CPU with AVX512-BF16 but no AMX, else 32-true
 
     def __post_init__(self) -> None:
         if not 0 < self.mlp_width <= 1:

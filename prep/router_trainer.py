@@ -43,11 +43,6 @@ LIGHTNING_INTERNAL_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 CHECKPOINT_FOLDER_WARNING = r"Checkpoint directory .* exists and is not empty"
 
 
-def gpu_visible() -> bool:
-    """Whether Lightning's gpu accelerator has a device here (CUDA or Apple's MPS)."""
-    return CUDAAccelerator.is_available() or MPSAccelerator.is_available()
-
-
 def lightning_flags(devices: str = "auto", accelerator: str = "auto", precision: str = "32-true",
                     strategy: str = "auto") -> dict:
     """Lightning Trainer flags from train-router's options, checked now; ValueError naming the option and what works."""
@@ -58,7 +53,7 @@ def lightning_flags(devices: str = "auto", accelerator: str = "auto", precision:
         raise ValueError(f"--devices takes a number of devices such as 1 or 2, or auto; got {devices!r}")
     if accelerator not in ACCELERATORS:
         raise ValueError(f"--accelerator takes {', '.join(ACCELERATORS)}; got {accelerator!r}")
-    if accelerator == "gpu" and not gpu_visible():
+    if accelerator == "gpu" and not (CUDAAccelerator.is_available() or MPSAccelerator.is_available()):
         raise ValueError("--accelerator gpu: no GPU is visible here; use --accelerator cpu, or auto (a GPU when there is one)")
     flags = {"devices": int(devices) if is_digits(devices) else devices, "accelerator": accelerator,
              "precision": precision, "strategy": strategy}

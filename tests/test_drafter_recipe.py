@@ -123,18 +123,20 @@ def test_features_by_hand_trace_what_the_recipes_folders_hold():
 
 
 def test_auto_precision_is_bf16_on_a_gpu_and_where_the_cpu_has_avx512_bf16_without_amx(monkeypatch):
-    import prep.router_trainer as router_trainer
+    from lightning.pytorch.accelerators import CUDAAccelerator
 
     auto = recipes.DrafterRecipe().precision
     assert auto == "auto"
     zen4, amx, avx2 = frozenset({"avx2", "avx512_bf16"}), frozenset({"avx2", "avx512_bf16", "amx_bf16"}), frozenset({"avx2"})
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
     assert training_precision(auto, "cpu", zen4) == "bf16-mixed"
     assert training_precision(auto, "cpu", amx) == "32-true"  # as fast, 2.7x less memory (docs/draft-head.md)
     assert training_precision(auto, "cpu", avx2) == "32-true"
-    assert training_precision(auto, "gpu", avx2) == "bf16-mixed"
-    monkeypatch.setattr(router_trainer, "gpu_visible", lambda: False)
     assert training_precision(auto, "auto", amx) == "32-true"
-    monkeypatch.setattr(router_trainer, "gpu_visible", lambda: True)
+    assert training_precision(auto, "gpu", avx2) == "32-true"  # Apple's MPS: as before
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
+    assert training_precision(auto, "gpu", avx2) == "bf16-mixed"
     assert training_precision(auto, "auto", amx) == "bf16-mixed"
+    assert training_precision(auto, "cpu", amx) == "32-true"  # the CPU asked for, a GPU or not
     assert training_precision("bf16-mixed", "cpu", avx2) == "bf16-mixed"  # a named precision is kept
     assert training_precision("32-true", "gpu", zen4) == "32-true"

@@ -17,7 +17,7 @@ from runtime.cli.values import COUNT, Integer, Number
 
 
 PRECISION_HELP = "Lightning precision (32-true, bf16-mixed, ...)"
-RECIPE_PRECISION_HELP = (f"{PRECISION_HELP}, or auto: bf16-mixed on a GPU or a CPU with AVX512-BF16 but no AMX, "
+RECIPE_PRECISION_HELP = (f"{PRECISION_HELP}, or auto: bf16-mixed on a CUDA GPU or a CPU with AVX512-BF16 but no AMX, "
                          "else 32-true (default: the recipe's)")
 
 
