@@ -23,7 +23,7 @@ import torch
 from runtime.common.numerics import FLOAT64_SLACK, dot_rounding_gamma, round_up_to_float32  # noqa: F401 (re-exported for heads)
 
 from runtime.heads.opened import Opened, exact_logits
-from runtime.kernels import kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select
+from runtime.kernels import hugepages, kernel_name, screen_gemv, screen_gemv_int16, screen_radius, screen_select
 
 # Past this share of the vocabulary, recomputing the candidates costs more than the full head's one
 # GEMV, so the row goes to the full head (a fallback): a candidate row is gathered and dequantized
@@ -87,7 +87,7 @@ class ScreenBound:
     ) -> None:
         self.weight = weight  # [V, d] float32, the exact head
         self.bias = bias  # [V] or None
-        self.qweight = qweight.contiguous()  # [V, d] int8
+        self.qweight = hugepages.resident(qweight.contiguous())  # [V, d] int8, streamed every step: huge pages
         self.scales = scales.float().contiguous()  # [V, G]
         self.coefficients = coefficients.float()  # [V]
         self.qrow_norms = qrow_norms.float().contiguous()  # [V] |Q(W_i)|, rounded up

@@ -3,12 +3,12 @@ pages each step walks ~100k page-table entries (qwen2.5-coder: ~500 MB of weight
 
 `empty(shape, dtype)` gives a tensor in anonymous memory advised for transparent huge pages
 (MADV_HUGEPAGE), packed into 2 MiB-aligned chunks so that small matrices share pages, for a layout
-written straight into it; `resident(t)` copies a tensor there. The native backend's matrices go there
-(the screening heads' copies do not yet: their stage's tensors stay alive beside them, 128 MB twice
-on qwen2.5-coder). Where the kernel gives no huge pages (`/sys/kernel/mm/transparent_hugepage/enabled`
-says never, no MADV_HUGEPAGE, or SPECVOCAB_HUGEPAGES=0), `empty` is torch.empty and `resident(t)` is
-`t` itself. The bytes are the same either way, so no
-result changes (docs/backends-and-kernels.md has the timing).
+written straight into it; `resident(t)` copies a tensor there. The native backend's matrices go there,
+and so do the certified head's screens: the int8 screen's copy replaces the stage's tensor, which is
+then freed, and the 4-bit screen's panels are packed straight into it. Where the kernel gives no huge
+pages (`/sys/kernel/mm/transparent_hugepage/enabled` says never, no MADV_HUGEPAGE, or
+SPECVOCAB_HUGEPAGES=0), `empty` is torch.empty and `resident(t)` is `t` itself. The bytes are the same
+either way, so no result changes (docs/backends-and-kernels.md has the timing).
 """
 
 from __future__ import annotations

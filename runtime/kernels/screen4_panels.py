@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.kernels import hugepages
+
 PANEL_ROWS = 16
 _CHUNK_PANELS = 1024  # panels packed or unpacked per step: 16384 rows, ~30 MB of temporaries at d = 640
 
@@ -61,7 +63,7 @@ def pack_screen4(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, 
     dim, rank = codes.shape[1] * 2, corr.shape[1]
     group = dim // G
     panels = -(-V // PANEL_ROWS)
-    packed = torch.empty(panels, panel_bytes(dim, group, rank), dtype=torch.uint8)
+    packed = hugepages.empty((panels, panel_bytes(dim, group, rank)), torch.uint8)  # streamed every step: huge pages
     for first in range(0, panels, _CHUNK_PANELS):
         rows = slice(first * PANEL_ROWS, min(V, (first + _CHUNK_PANELS) * PANEL_ROWS))
         q = unpack_int4(codes[rows], group)  # [r, d]
