@@ -1,10 +1,16 @@
-"""runtime.kernels.hugepages: weights copied into huge-page memory keep their values, and the copy is skipped where huge pages are off."""
+"""runtime.kernels.hugepages: weights copied into huge-page memory keep their values, the certified head's screens
+are placed there too, and the copy is skipped where huge pages are off."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from factories import make_tiny_head
+from prep.screen import quantize_int8
+from prep.screen4 import hidden_basis, quantize_int4
+from runtime.heads import ScreenBound
+from runtime.heads.screen4_bound import Screen4Bound
 from runtime.kernels import hugepages
 
 
@@ -51,12 +57,6 @@ def test_resident_copies_where_huge_pages_are_on() -> None:
 def test_the_screens_bytes_are_placed_in_huge_pages(monkeypatch) -> None:
     """What a certified head streams every step, the int8 screen and the 4-bit screen's panels, lies in
     the arena, as the native backend's matrices do, holding the stage's values."""
-    from factories import make_tiny_head
-    from prep.screen import quantize_int8
-    from prep.screen4 import hidden_basis, quantize_int4
-    from runtime.heads import ScreenBound
-    from runtime.heads.screen4_bound import Screen4Bound
-
     placed, arena_empty = [], hugepages.empty
 
     def recorded(shape, dtype):
