@@ -1,5 +1,8 @@
-"""runtime.kernels.hugepages: weights copied into huge-page memory keep their values, the certified head's screens
-are placed there too, and the copy is skipped where huge pages are off."""
+"""runtime.kernels.hugepages: what huge-page memory holds, and when it is used.
+
+Weights copied there keep their values, the certified head's screens are placed there too, and the copy
+is skipped where huge pages are off.
+"""
 
 from __future__ import annotations
 
