@@ -55,7 +55,7 @@ void tile_pass(int64_t count, const uint8_t* tile, int64_t tb, int64_t rows, con
   if (steps <= segment) {  // one segment: the accumulators never leave registers
     for (int64_t g = 0; g < groups; ++g) rows_dot<F, R, N>(tile + g * R * tb, tb, x, cols, 0, y + g * R, ys);
   } else {
-    Accumulators<R, N, parts_for(N, blocks::kPartsFrom<F>)> acc[kMaxTileRows / R];
+    DecoderAccumulators<F, R, N> acc[kMaxTileRows / R];
     for (int64_t g = 0; g < groups; ++g) acc[g].clear();
     for (int64_t k0 = 0; k0 < steps; k0 += segment) {
       for (int64_t g = 0; g < groups; ++g)

@@ -42,8 +42,7 @@ inline void for_tail(int64_t cols, F&& step) {
 // The two accumulators of each (weight row r, x row b) pair of a rows_dot pass, per lane part
 // (simd::parts_for: on AVX2 from four rows of x a pass covers its weight rows twice, 8 lanes at a
 // time, so the accumulators fit in registers; each lane's chain of FMAs is the same either way).
-// P parts: the decoder's (parts_for(N, blocks::kPartsFrom<D>)); a D::Tail's blocks add into its
-// parent's accumulators.
+// P parts: the decoder's (DecoderAccumulators); a D::Tail's blocks add into its parent's accumulators.
 template <int R, int N, int P>
 struct Accumulators {
   static constexpr int kParts = P;
@@ -78,6 +77,10 @@ struct Accumulators {
     }
   }
 };
+
+// The accumulators of decoder D's passes: its lane parts for N rows of x (blocks::kPartsFrom).
+template <class D, int R, int N>
+using DecoderAccumulators = Accumulators<R, N, parts_for(N, blocks::kPartsFrom<D>)>;
 
 // rows_dot_blocks for lane part H: each weight value's part H is decoded (the compiler drops the
 // other part's operations) and multiplied into part H of its accumulators.
@@ -172,7 +175,7 @@ inline void rows_dot_finish(Accumulators<R, N, P>& acc, const uint8_t* w, int64_
 // (decode_row walks the blocks the same way, one row, storing instead of multiplying.)
 template <class D, int R, int N>
 inline void rows_dot(const uint8_t* w, int64_t rb, const float* x, int64_t cols, int64_t ahead, float* y, int64_t ys) {
-  Accumulators<R, N, parts_for(N, blocks::kPartsFrom<D>)> acc;
+  DecoderAccumulators<D, R, N> acc;
   acc.clear();
   rows_dot_blocks<D, R, N>(acc, w, rb, x, cols, 0, cols / D::kQK, ahead);
   rows_dot_finish<D, R, N>(acc, w, rb, x, cols, y, ys);
