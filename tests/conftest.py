@@ -1,5 +1,5 @@
 """Shared factories and fixtures: tiny random heads and models (gemma3 / qwen2 / llama), the tiny Llama
-(built once) and its directory, a one-stage artifact, and the real gemma3-270m / qwen2.5-coder sessions.
+(built once) and its directory, the huge-page arena's allocations, a one-stage artifact, and the real gemma3-270m / qwen2.5-coder sessions.
 
 Tiny fixtures are fast and random; the real-model fixtures are session-scoped because loading
 gemma3-270m, building its artifact and running it over a corpus take tens of seconds. Tests that
@@ -17,7 +17,7 @@ import torch
 from artifact_factories import CLUSTER_PARAMS, VERSION, cluster_tensors, make_model
 from artifacts import Artifact, Stage
 from factories import TINY_LLAMA, TinyHead, in_user_cache, make_tiny_head, real_texts
-from runtime.kernels import set_kernel_threads
+from runtime.kernels import hugepages, set_kernel_threads
 from runtime.models.cache import CACHE_ENV
 
 REAL_MODEL = "gemma3-270m"
@@ -49,6 +49,19 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.setenv(CACHE_ENV, str(root))
     return root
+
+
+@pytest.fixture
+def arena_placements(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Every tensor hugepages.empty hands out during the test, in order (the arena's allocator recorded)."""
+    placed, arena_empty = [], hugepages.empty
+
+    def recorded(shape, dtype):
+        placed.append(arena_empty(shape, dtype))
+        return placed[-1]
+
+    monkeypatch.setattr(hugepages, "empty", recorded)
+    return placed
 
 
 @pytest.fixture

@@ -57,20 +57,13 @@ def test_resident_copies_where_huge_pages_are_on() -> None:
 
 
 @pytest.mark.skipif(not hugepages.enabled(), reason="this kernel gives no transparent huge pages")
-def test_the_screens_bytes_are_placed_in_huge_pages(monkeypatch) -> None:
+def test_the_screens_bytes_are_placed_in_huge_pages(arena_placements) -> None:
     """What a certified head streams every step, the int8 screen and the 4-bit screen's panels, lies in
     the arena, as the native backend's matrices do, holding the stage's values."""
-    placed, arena_empty = [], hugepages.empty
-
-    def recorded(shape, dtype):
-        placed.append(arena_empty(shape, dtype))
-        return placed[-1]
-
-    monkeypatch.setattr(hugepages, "empty", recorded)
     head = make_tiny_head(vocab=200, dim=64, seed=3)
     screen = quantize_int8(head.weight, 0)
     bound = ScreenBound.from_stage(head.weight, head.bias, screen)
     basis = hidden_basis(torch.randn(300, 64, generator=torch.Generator().manual_seed(4)).double(), 16)
     panels = Screen4Bound(head.weight, head.bias, quantize_int4(head.weight, basis, 32)).panels.packed
-    assert sorted(t.data_ptr() for t in placed) == sorted([bound.qweight.data_ptr(), panels.data_ptr()])
+    assert sorted(t.data_ptr() for t in arena_placements) == sorted([bound.qweight.data_ptr(), panels.data_ptr()])
     assert torch.equal(bound.qweight, screen["qweight"])

@@ -183,23 +183,16 @@ def test_released_pages_read_back_the_same_bytes(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not hugepages.enabled(), reason="this kernel gives no transparent huge pages")
-def test_each_matrix_is_placed_in_huge_pages_once(tmp_path, monkeypatch) -> None:
+def test_each_matrix_is_placed_in_huge_pages_once(tmp_path, arena_placements) -> None:
     """Every layer matrix, the table and the head are allocated in the arena once: a lanes repack and a
     llama q/k row reorder are written straight into it, not copied there afterwards."""
     model = tiny_model("llama")  # q/k rows permuted by llama.cpp, put back before the pack
     write_gguf(model, tmp_path / "l.gguf", "llama")
-    placed, arena_empty = [], hugepages.empty
-
-    def recorded(shape, dtype):
-        placed.append(arena_empty(shape, dtype))
-        return placed[-1]
-
-    monkeypatch.setattr(hugepages, "empty", recorded)
     native = native_target(tmp_path / "l.gguf", model.config, set())
     layers = native.decoder.layers
     matrices = [w for layer in layers for projection in (layer.qkv, layer.o, layer.gate_up, layer.down) for w in projection.parts]
     distinct = {w.data.data_ptr() for w in [*matrices, native.embedding, native.head_weight]}
-    assert sorted(t.data_ptr() for t in placed) == sorted(distinct)
+    assert sorted(t.data_ptr() for t in arena_placements) == sorted(distinct)
 
 
 @needs_compiled_kernels
